@@ -1,0 +1,403 @@
+"""Full non-causal softmax attention for MiniMax-H3, forward and backward (FlashAttention-2 scheme in Triton).
+
+Contract
+    o[b, i, h, :] = sum_j softmax_j(q[b, i, h, :] . k[b, j, h, :] * scale) * v[b, j, h, :],  scale = 1 / sqrt(D)
+    over one packed, unmasked document per batch item (MiniMax-H3 passes no attention mask).
+
+Shapes and layout
+    q_BSND, k_BSND, v_BSND -> o_BSND: the [B, S, NH, D] layout diffusers' ``dispatch_attention_fn`` receives and
+    returns. Read through strides, never transposed or copied; only the last dim must be contiguous.
+    D in {32, 64, 128}; any S >= 1 (tail tiles are masked); B >= 1.
+
+Dtypes and accumulation
+    bfloat16 or float32 inputs, all three alike; o and dq/dk/dv have the input dtype. Scores, softmax statistics
+    and every accumulator are float32. bf16 tiles go to ``tl.dot`` as bf16 (probabilities and dS are rounded to
+    bf16 before their dot, as FlashAttention does); float32 tiles use an IEEE float32 dot (no TF32).
+    The forward saves the base-2 logsumexp lse_BNS (float32) for the backward.
+
+Backward
+    delta = rowsum(dO * O) (preprocess kernel), then dK/dV over key blocks and dQ over query blocks in two
+    separate kernels. No atomics: results are deterministic and byte-identical run to run.
+
+Rejected (KernelInputError, a ValueError, message names the op)
+    non-tensors, ndim != 4, empty tensors, q/k/v differing in shape, dtype or device, dtypes other than
+    bfloat16/float32, D outside {32, 64, 128}, a non-contiguous last dim, CPU tensors without TRITON_INTERPRET=1,
+    B * NH > 65535 (grid limit), per-(batch, head) spans beyond int32 offsets.
+
+Legend of shape suffixes: B batch, S sequence, NH heads, D head dim; kernels tile S into M (query) and N (key) rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch.autograd.function import once_differentiable
+
+
+class KernelInputError(ValueError):
+    """Inputs a candidate kernel cannot take (same name as ``h3kernels._common`` uses, local until that lands)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tuned constants. Starting points from the search space of Triton's fused-attention tutorial (FA2 on Hopper), picked
+# by hand so registers and shared memory fit an H200 SM; to be retuned there with bench/attention.py. Override any
+# field without editing this file: H3KERNELS_ATTN_CONFIG="fwd_m=128,fwd_n=128,fwd_warps=8" (applies to every D/dtype),
+# or pass ``config=AttnConfig(...)`` to ``attention``.
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class AttnConfig:
+    fwd_m: int  # query rows per forward program
+    fwd_n: int  # key rows per forward loop step
+    fwd_warps: int
+    fwd_stages: int
+    dkdv_m: int  # query rows per dK/dV loop step
+    dkdv_n: int  # key rows per dK/dV program (its dk/dv accumulators are dkdv_n x D fp32)
+    dkdv_warps: int
+    dkdv_stages: int
+    dq_m: int  # query rows per dQ program (its dq accumulator is dq_m x D fp32)
+    dq_n: int  # key rows per dQ loop step
+    dq_warps: int
+    dq_stages: int
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            val = getattr(self, f.name)
+            if not isinstance(val, int) or val < 1:
+                raise KernelInputError(f"attention: config {f.name}={val!r} must be a positive int")
+            if f.name.endswith(("_m", "_n")) and (val < 16 or val & (val - 1)):
+                raise KernelInputError(f"attention: config {f.name}={val} must be a power of two >= 16 (tl.dot)")
+
+
+# bf16 D=128 (the real H3 width): fwd 128x64 with 8 warps keeps the 128x128 fp32 accumulator at 64 regs/thread and
+# 3 stages of K/V (2 x 16 KiB each) in shared memory; bwd uses the tutorial's 32/128 and 128/32 tiles but 8 warps,
+# because 4 warps would hold dk+dv (2 x 128x128 fp32) in 256 regs/thread and spill. D=64/32: the tutorial's 4 warps,
+# 5 bwd stages (half the bytes per tile). float32: half-size tiles and 2 stages, since an IEEE fp32 dot runs on FMA
+# units and its tiles take twice the registers and shared memory; accuracy path, not tuned for speed.
+_BF16_D128 = AttnConfig(128, 64, 8, 3, 32, 128, 8, 3, 128, 32, 8, 3)
+_BF16_SMALL_D = AttnConfig(128, 64, 4, 3, 32, 128, 4, 5, 128, 32, 4, 5)
+_FP32 = AttnConfig(64, 32, 4, 2, 32, 64, 4, 2, 64, 32, 4, 2)
+CONFIGS: dict[tuple[int, torch.dtype], AttnConfig] = {
+    (128, torch.bfloat16): _BF16_D128,
+    (64, torch.bfloat16): _BF16_SMALL_D,
+    (32, torch.bfloat16): _BF16_SMALL_D,
+    (128, torch.float32): _FP32,
+    (64, torch.float32): _FP32,
+    (32, torch.float32): _FP32,
+}
+CONFIG_ENV = "H3KERNELS_ATTN_CONFIG"
+_DELTA_M = 64  # rows per delta-preprocess program: a memory-bound row sum, the tile size barely matters
+_LOG2E = 1.4426950408889634
+
+
+def resolve_config(D: int, dtype: torch.dtype, override: str | None = None) -> AttnConfig:
+    """The table entry for (D, dtype) with ``override`` (default: $H3KERNELS_ATTN_CONFIG) fields replaced."""
+    cfg = CONFIGS[(D, dtype)]
+    spec = os.environ.get(CONFIG_ENV, "") if override is None else override
+    fields = {f.name for f in dataclasses.fields(AttnConfig)}
+    changes: dict[str, int] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        key, _, val = item.partition("=")
+        if key.strip() not in fields or not val.strip().isdigit():
+            raise KernelInputError(f"attention: bad config item {item!r} in {spec!r}; fields: {sorted(fields)}")
+        changes[key.strip()] = int(val)
+    return dataclasses.replace(cfg, **changes)
+
+
+# triton.jit builds CPU-interpreter kernels when TRITON_INTERPRET is set at decoration time, i.e. when this module is
+# imported; read it at the same moment so the UPCAST switch always matches the kind of kernel that runs.
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Kernels. UPCAST is on only under TRITON_INTERPRET=1: the interpreter computes bf16 arithmetic (tl.dot included) on
+# raw uint16 bits and gets garbage (triton issue 11584), so loaded tiles are widened to fp32 before any dot there.
+# Rounded operands (p, dS) and outputs are still rounded to the input dtype (by _round), so the CPU path rounds exactly
+# where and how the GPU does; bf16 x bf16 products are exact in fp32, leaving only the summation order to differ.
+# ---------------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _load_tile(ptrs, mask, UPCAST: tl.constexpr):
+    x = tl.load(ptrs, mask=mask, other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _round(x, DTYPE: tl.constexpr, UPCAST: tl.constexpr):
+    # fp32 tile rounded to nearest-even in DTYPE: a plain cast on the GPU (the bf16 tensor-core fast path for p and
+    # dS; a no-op for fp32). The interpreter's fp32->bf16 cast truncates (and its "rtne" mode is wrong too), so under
+    # UPCAST round on the fp32 bits and stay fp32: the value is then exact in bf16, and a later cast is exact.
+    if UPCAST:
+        if DTYPE == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            x = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+    else:
+        x = x.to(DTYPE)
+    return x
+
+
+@triton.jit
+def _store_tile(ptrs, x, mask, UPCAST: tl.constexpr):
+    tl.store(ptrs, _round(x, ptrs.dtype.element_ty, UPCAST).to(ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _attn_fwd_kernel(Q, K, V, Out, LSE, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, so_b, so_s, so_h,
+                     NH, S, qk_scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     TAIL: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)  # int64: batch offsets of [B, S, NH, D] can pass 2**31 elements
+    b = bh // NH
+    h = bh % NH
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    in_m = offs_m < S
+    q = _load_tile(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_s + offs_d[None, :], in_m[:, None], UPCAST)
+    k_base = K + b * sk_b + h * sk_h
+    v_base = V + b * sv_b + h * sv_h
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the base-2 scores
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m_i)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for start_n in range(0, S, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        in_n = offs_n < S
+        k = _load_tile(k_base + offs_n[:, None] * sk_s + offs_d[None, :], in_n[:, None], UPCAST)
+        # Scores in base 2 (scale * log2(e) folded in) so exp2 is a single MUFU op; tail keys get -inf so they get
+        # zero weight (TAIL: S % BLOCK_N != 0, else the select is compiled out). Every key block holds at least one
+        # real key, so m_new stays finite and alpha never is NaN.
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        if TAIL:
+            s = tl.where(in_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load_tile(v_base + offs_n[:, None] * sv_s + offs_d[None, :], in_n[:, None], UPCAST)
+        acc = tl.dot(_round(p, Q.dtype.element_ty, UPCAST), v, acc * alpha[:, None], input_precision=PREC)
+        m_i = m_new
+    acc = acc / l_i[:, None]  # l_i >= 1: the row max contributes exp2(0)
+    _store_tile(Out + b * so_b + h * so_h + offs_m[:, None] * so_s + offs_d[None, :], acc, in_m[:, None], UPCAST)
+    tl.store(LSE + bh * S + offs_m, m_i + tl.math.log2(l_i), mask=in_m)
+
+
+@triton.jit
+def _attn_bwd_delta_kernel(Out, DO, DELTA, so_b, so_s, so_h, sdo_b, sdo_s, sdo_h, NH, S, D: tl.constexpr,
+                           BLOCK_M: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // NH
+    h = bh % NH
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    in_m = offs_m < S
+    # fp32 products and row sum: delta feeds dS = P * (dP - delta), a difference of near-equal terms.
+    o = tl.load(Out + b * so_b + h * so_h + offs_m[:, None] * so_s + offs_d[None, :], mask=in_m[:, None], other=0.0)
+    do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_s + offs_d[None, :], mask=in_m[:, None],
+                 other=0.0)
+    tl.store(DELTA + bh * S + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=in_m)
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
+                          sdo_b, sdo_s, sdo_h, sg_b, sg_s, sg_h, NH, S, qk_scale, sm_scale, D: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, UPCAST: tl.constexpr,
+                          PREC: tl.constexpr):
+    # One program owns BLOCK_N keys of one (batch, head) and sweeps all queries: dV = P^T dO, dK = scale dS^T Q.
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // NH
+    h = bh % NH
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    in_n = offs_n < S
+    k = _load_tile(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_s + offs_d[None, :], in_n[:, None], UPCAST)
+    v = _load_tile(V + b * sv_b + h * sv_h + offs_n[:, None] * sv_s + offs_d[None, :], in_n[:, None], UPCAST)
+    q_base = Q + b * sq_b + h * sq_h
+    do_base = DO + b * sdo_b + h * sdo_h
+    dk = tl.zeros([BLOCK_N, D], tl.float32)
+    dv = tl.zeros([BLOCK_N, D], tl.float32)
+    for start_m in range(0, S, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        in_m = offs_m < S
+        q = _load_tile(q_base + offs_m[:, None] * sq_s + offs_d[None, :], in_m[:, None], UPCAST)
+        do = _load_tile(do_base + offs_m[:, None] * sdo_s + offs_d[None, :], in_m[:, None], UPCAST)
+        lse = tl.load(LSE + bh * S + offs_m, mask=in_m, other=0.0)
+        delta = tl.load(DELTA + bh * S + offs_m, mask=in_m, other=0.0)
+        # P^T recomputed from the saved base-2 logsumexp; tail queries zeroed (TAIL: S % BLOCK_M != 0). Tail keys
+        # (rows of k are 0) may give large pT, but rows of dk/dv are independent and tail rows are never stored.
+        pT = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale - lse[None, :])
+        if TAIL:
+            pT = tl.where(in_m[None, :], pT, 0.0)
+        dv = tl.dot(_round(pT, Q.dtype.element_ty, UPCAST), do, dv, input_precision=PREC)
+        dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
+        dsT = pT * (dpT - delta[None, :])
+        dk = tl.dot(_round(dsT, Q.dtype.element_ty, UPCAST), q, dk, input_precision=PREC)
+    dk = dk * sm_scale
+    g_off = b * sg_b + h * sg_h + offs_n[:, None] * sg_s + offs_d[None, :]  # dk and dv share one layout
+    _store_tile(DK + g_off, dk, in_n[:, None], UPCAST)
+    _store_tile(DV + g_off, dv, in_n[:, None], UPCAST)
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
+                        sdo_b, sdo_s, sdo_h, sg_b, sg_s, sg_h, NH, S, qk_scale, sm_scale, D: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, UPCAST: tl.constexpr,
+                        PREC: tl.constexpr):
+    # One program owns BLOCK_M queries of one (batch, head) and sweeps all keys: dQ = scale dS K.
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // NH
+    h = bh % NH
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    in_m = offs_m < S
+    q = _load_tile(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_s + offs_d[None, :], in_m[:, None], UPCAST)
+    do = _load_tile(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_s + offs_d[None, :], in_m[:, None], UPCAST)
+    lse = tl.load(LSE + bh * S + offs_m, mask=in_m, other=0.0)
+    delta = tl.load(DELTA + bh * S + offs_m, mask=in_m, other=0.0)
+    k_base = K + b * sk_b + h * sk_h
+    v_base = V + b * sv_b + h * sv_h
+    dq = tl.zeros([BLOCK_M, D], tl.float32)
+    for start_n in range(0, S, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        in_n = offs_n < S
+        k = _load_tile(k_base + offs_n[:, None] * sk_s + offs_d[None, :], in_n[:, None], UPCAST)
+        v = _load_tile(v_base + offs_n[:, None] * sv_s + offs_d[None, :], in_n[:, None], UPCAST)
+        # Tail keys must get exactly zero probability here (TAIL: S % BLOCK_N != 0): they would feed real query rows.
+        p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale - lse[:, None])
+        if TAIL:
+            p = tl.where(in_n[None, :], p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(_round(ds, Q.dtype.element_ty, UPCAST), k, dq, input_precision=PREC)
+    dq = dq * sm_scale
+    _store_tile(DQ + b * sg_b + h * sg_h + offs_m[:, None] * sg_s + offs_d[None, :], dq, in_m[:, None], UPCAST)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Launchers: validate, allocate, launch. Every buffer comes from _empty so tests can poison it (NaN pre-fill).
+# ---------------------------------------------------------------------------------------------------------------------
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def check_attention_inputs(q_BSND: torch.Tensor, k_BSND: torch.Tensor, v_BSND: torch.Tensor) -> None:
+    """Raise KernelInputError with the actual shapes/dtypes/devices when the kernels cannot take these inputs."""
+    named = {"q": q_BSND, "k": k_BSND, "v": v_BSND}
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise KernelInputError(f"attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.ndim != 4:
+            raise KernelInputError(f"attention: {name} must be [B, S, NH, D], got shape {tuple(t.shape)}")
+        if t.numel() == 0:
+            raise KernelInputError(f"attention: {name} is empty, shape {tuple(t.shape)}")
+    desc = ", ".join(f"{n} {tuple(t.shape)} {t.dtype} {t.device}" for n, t in named.items())
+    if not (q_BSND.shape == k_BSND.shape == v_BSND.shape):
+        raise KernelInputError(f"attention: q/k/v shapes differ: {desc}")
+    if not (q_BSND.dtype == k_BSND.dtype == v_BSND.dtype):
+        raise KernelInputError(f"attention: q/k/v dtypes differ: {desc}")
+    if not (q_BSND.device == k_BSND.device == v_BSND.device):
+        raise KernelInputError(f"attention: q/k/v devices differ: {desc}")
+    B, S, NH, D = q_BSND.shape
+    if q_BSND.dtype not in (torch.bfloat16, torch.float32):
+        raise KernelInputError(f"attention: dtype {q_BSND.dtype} unsupported (bfloat16 or float32): {desc}")
+    if D not in (32, 64, 128):
+        raise KernelInputError(f"attention: head dim D={D} unsupported (32, 64 or 128): {desc}")
+    for name, t in named.items():
+        if t.stride(-1) != 1:
+            raise KernelInputError(f"attention: {name} last dim must be contiguous, strides {t.stride()}")
+        if (S - 1) * t.stride(1) + D > 2**31 - 1:
+            raise KernelInputError(f"attention: {name} per-(batch, head) span overflows int32, strides {t.stride()}")
+    if q_BSND.device.type != "cuda" and not (q_BSND.device.type == "cpu" and _INTERPRET):
+        raise KernelInputError(f"attention: needs CUDA tensors (or CPU with TRITON_INTERPRET=1): {desc}")
+    if B * NH > 65535:
+        raise KernelInputError(f"attention: B*NH={B * NH} exceeds the 65535 grid limit: {desc}")
+
+
+def _launch_flags(dtype: torch.dtype) -> dict[str, object]:
+    upcast = _INTERPRET
+    # IEEE fp32 dot for fp32 inputs (Triton defaults to TF32, ~1e-3 error); 16-bit operands ignore the flag.
+    return {"UPCAST": upcast, "PREC": "ieee" if (dtype == torch.float32 or upcast) else "tf32"}
+
+
+def _s3(t: torch.Tensor) -> tuple[int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def attention_fwd(q_BSND: torch.Tensor, k_BSND: torch.Tensor, v_BSND: torch.Tensor,
+                  cfg: AttnConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward launch: returns o_BSND (input dtype, contiguous) and lse_BNS (float32, base-2 logsumexp)."""
+    B, S, NH, D = q_BSND.shape
+    o_BSND = _empty((B, S, NH, D), q_BSND.dtype, q_BSND.device)
+    lse_BNS = _empty((B, NH, S), torch.float32, q_BSND.device)
+    _attn_fwd_kernel[(triton.cdiv(S, cfg.fwd_m), B * NH)](
+        q_BSND, k_BSND, v_BSND, o_BSND, lse_BNS, *_s3(q_BSND), *_s3(k_BSND), *_s3(v_BSND), *_s3(o_BSND),
+        NH, S, _LOG2E / math.sqrt(D), D=D, BLOCK_M=cfg.fwd_m, BLOCK_N=cfg.fwd_n, TAIL=S % cfg.fwd_n != 0,
+        **_launch_flags(q_BSND.dtype), num_warps=cfg.fwd_warps, num_stages=cfg.fwd_stages)
+    return o_BSND, lse_BNS
+
+
+def attention_bwd(do_BSND: torch.Tensor, q_BSND: torch.Tensor, k_BSND: torch.Tensor, v_BSND: torch.Tensor,
+                  o_BSND: torch.Tensor, lse_BNS: torch.Tensor,
+                  cfg: AttnConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward launches: delta preprocess, dK/dV kernel, dQ kernel. Returns contiguous dq, dk, dv."""
+    B, S, NH, D = q_BSND.shape
+    if do_BSND.stride(-1) != 1 or do_BSND.dtype != q_BSND.dtype:
+        # Autograd may hand an expanded (stride 0) or other-dtype gradient; the kernels read D-contiguous tiles.
+        do_BSND = do_BSND.to(q_BSND.dtype).contiguous()
+    delta_BNS = _empty((B, NH, S), torch.float32, q_BSND.device)
+    _attn_bwd_delta_kernel[(triton.cdiv(S, _DELTA_M), B * NH)](
+        o_BSND, do_BSND, delta_BNS, *_s3(o_BSND), *_s3(do_BSND), NH, S, D=D, BLOCK_M=_DELTA_M)
+    dq_BSND, dk_BSND, dv_BSND = (_empty((B, S, NH, D), q_BSND.dtype, q_BSND.device) for _ in range(3))
+    sm_scale = 1.0 / math.sqrt(D)
+    args = (q_BSND, k_BSND, v_BSND, do_BSND, lse_BNS, delta_BNS)
+    strides = (*_s3(q_BSND), *_s3(k_BSND), *_s3(v_BSND), *_s3(do_BSND), *_s3(dq_BSND))  # dq, dk, dv: one layout
+    flags = _launch_flags(q_BSND.dtype)
+    _attn_bwd_dkdv_kernel[(triton.cdiv(S, cfg.dkdv_n), B * NH)](
+        *args, dk_BSND, dv_BSND, *strides, NH, S, sm_scale * _LOG2E, sm_scale, D=D, BLOCK_M=cfg.dkdv_m,
+        BLOCK_N=cfg.dkdv_n, TAIL=S % cfg.dkdv_m != 0, **flags, num_warps=cfg.dkdv_warps, num_stages=cfg.dkdv_stages)
+    _attn_bwd_dq_kernel[(triton.cdiv(S, cfg.dq_m), B * NH)](
+        *args, dq_BSND, *strides, NH, S, sm_scale * _LOG2E, sm_scale, D=D, BLOCK_M=cfg.dq_m,
+        BLOCK_N=cfg.dq_n, TAIL=S % cfg.dq_n != 0, **flags, num_warps=cfg.dq_warps, num_stages=cfg.dq_stages)
+    return dq_BSND, dk_BSND, dv_BSND
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Autograd Function, public op and its pure-torch reference.
+# ---------------------------------------------------------------------------------------------------------------------
+class _AttentionFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q_BSND, k_BSND, v_BSND, cfg):  # noqa: ANN001, ANN205 (autograd signature)
+        o_BSND, lse_BNS = attention_fwd(q_BSND, k_BSND, v_BSND, cfg)
+        ctx.save_for_backward(q_BSND, k_BSND, v_BSND, o_BSND, lse_BNS)
+        ctx.cfg = cfg
+        return o_BSND
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do_BSND):  # noqa: ANN001, ANN205
+        q_BSND, k_BSND, v_BSND, o_BSND, lse_BNS = ctx.saved_tensors
+        return (*attention_bwd(do_BSND, q_BSND, k_BSND, v_BSND, o_BSND, lse_BNS, ctx.cfg), None)
+
+
+def attention(q_BSND: torch.Tensor, k_BSND: torch.Tensor, v_BSND: torch.Tensor, *,
+              config: AttnConfig | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v per (batch, head) on [B, S, NH, D] tensors; differentiable in q, k and v."""
+    check_attention_inputs(q_BSND, k_BSND, v_BSND)
+    cfg = config if config is not None else resolve_config(q_BSND.shape[-1], q_BSND.dtype)
+    return _AttentionFn.apply(q_BSND, k_BSND, v_BSND, cfg)
+
+
+def attention_reference(q_BSND: torch.Tensor, k_BSND: torch.Tensor, v_BSND: torch.Tensor) -> torch.Tensor:
+    """The pure-torch reference: SDPA with the math backend, in the input dtype, same [B, S, NH, D] layout."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        o_BNSD = torch.nn.functional.scaled_dot_product_attention(
+            q_BSND.transpose(1, 2), k_BSND.transpose(1, 2), v_BSND.transpose(1, 2))
+    return o_BNSD.transpose(1, 2)
