@@ -1,0 +1,334 @@
+"""AdaLN modulation table (projection of the timestep embedding) and the deterministic segmented row sum.
+
+Legend: T distinct timesteps, E time_embed_dim, C projection width (18*H for a block's `adaln_proj`, 2*H for
+`norm_out.linear`), W table row width (6*H, or 2*H), R = T*C/W table rows, S packed-sequence rows, H hidden,
+NC row chunks of a segmented sum.
+
+adaln_table(temb_TE, weight_CE, bias_C, row_width=None) -> table_RW float32
+    table = (silu(temb) @ weight^T + bias).view(-1, W), W = row_width or C // 3.
+    silu runs on fp32 (temb is fp32 in the checkpoint; a bf16 temb is upcast at load), the GEMV accumulates in
+    fp32 and the table stays fp32: diffusers rounds silu(temb) and the table to the bf16 weight dtype. Row
+    t*(C/W) + m holds timestep t, modality m; for a block the six W/6 column chunks are shift_msa, scale_msa,
+    gate_msa, shift_mlp, scale_mlp, gate_mlp (diffusers' `.view(-1, 6*H).chunk(6, -1)`).
+    Backward (d_table float32 [R, W]): d_weight = d_table^T @ silu(temb) in fp32, rounded once to the weight
+    dtype; d_bias = column sums in fp32, rounded once to the bias dtype; d_temb = (d_table @ weight) * silu'(temb)
+    in fp32 (split-K partials summed in a fixed order), rounded to temb's dtype.
+    Why: diffusers' index_select backward on its bf16 table is a bf16 atomic scatter-add, which puts the
+    adaln_proj weight gradient ~0.16 rel-L2 from FP32 at S=16384; here the table and its gradient stay fp32.
+
+segment_sum(values_SH, idx_S, num_rows) -> out_RH float32
+    out[r] = sum of values[s] over rows s with idx[s] == r (rows with no entry are 0), fp32 accumulation in a
+    fixed order (pass 1: per-chunk partials [NC, R, H] over fixed row chunks; pass 2: partials summed chunk by
+    chunk), so two runs are byte-identical. values float32 or bfloat16 (upcast at load); idx int64/int32 in
+    [0, num_rows). Backward: d_values = d_out[idx] (a gather, exact), in values' dtype.
+
+Rejected (KernelInputError): empty, non-contiguous, mixed devices, dtypes other than float32/bfloat16
+(indices int64/int32), shape disagreements, out-of-range indices, a row width that does not divide C.
+No atomics anywhere; every reduction has a fixed order for a given shape.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from h3kernels._common import (
+    INDEX_DTYPES,
+    KernelInputError,
+    cast_rne,
+    check_index,
+    check_inputs,
+    check_shape,
+    is_interpreting,
+    new_empty,
+    sigmoid_f32,
+)
+
+MODALITY_NUM = 3  # diffusers MINIMAX_H3_MODALITY_NUM: table rows per timestep (video, text, audio)
+
+# GEMV tiles (forward and d_temb). BLOCK_C x BLOCK_E = 64 x 128 weight values per step: 16 KB of bf16 per load,
+# 64 fp32 registers per thread at 4 warps; at the real width (C=96768, E=2688) the forward grid is 1512
+# programs, enough to keep 132 SMs streaming the 520 MB weight once. On the interpreter the tile is larger so
+# that fewer (slow, Python-level) programs run.
+GEMV_BLOCK_C = 128 if is_interpreting() else 64
+GEMV_BLOCK_E = 128
+GEMV_WARPS = 4
+# d_temb reduces over C: split C into about this many fixed ranges (grid = E/BLOCK_E x split, 21 x 64 at the
+# real width), then sum the split partials in order. 64 fills the GPU; the interpreter needs few splits.
+DTEMB_TARGET_SPLIT = 4 if is_interpreting() else 64
+# d_weight outer product tile: 64 x 128 fp32 accumulators, written once as bf16.
+DW_BLOCK_C = 64
+DW_BLOCK_E = 128
+
+# Segmented sums: BLOCK_H columns x TILE_S rows per step; a program owns a CHUNK of rows. 256 columns keeps the
+# [BLOCK_R, BLOCK_H] accumulator (R <= 16) at <= 32 registers per thread at 4 warps.
+SEG_BLOCK_H = 256
+SEG_TILE_S = 32 if is_interpreting() else 16
+# Chunks per sequence: ~64 chunks (S=16384 -> 256 rows each) gives 64 x 21 = 1344 programs at H=5376 and a
+# 12 MB partials buffer for R=9; the interpreter takes whole-tile chunks.
+SEG_TARGET_CHUNKS = 4 if is_interpreting() else 64
+# Pass 2 sums BLOCK_P chunk partials per step (fixed order: step by step, tree within a step).
+FINISH_BLOCK_P = 16
+FINISH_BLOCK_N = 256
+
+
+# ----------------------------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _adaln_fwd_kernel(temb_ptr, w_ptr, b_ptr, out_ptr, T, C, E,
+                      BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    ts = tl.arange(0, BLOCK_T)
+    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    for e0 in range(0, E, BLOCK_E):
+        es = e0 + tl.arange(0, BLOCK_E)
+        emask = es < E
+        # Each weight tile is read once and serves every timestep. Upcast before any arithmetic (bf16 math is
+        # wrong in the interpreter and we want fp32 products anyway).
+        w = tl.load(w_ptr + cols[:, None] * E + es[None, :], mask=cmask[:, None] & emask[None, :], other=0.0)
+        w = w.to(tl.float32)
+        for t in range(T):
+            x = tl.load(temb_ptr + t * E + es, mask=emask, other=0.0).to(tl.float32)
+            s = x * sigmoid_f32(x)  # silu in fp32, never rounded to the weight dtype
+            part = tl.sum(w * s[None, :], axis=1)
+            acc += tl.where(ts[:, None] == t, part[None, :], 0.0)
+    bias = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    acc += bias[None, :]
+    # The table stays fp32: no rounding to the weight dtype (the point of this op).
+    tl.store(out_ptr + ts[:, None] * C + cols[None, :], acc, mask=(ts[:, None] < T) & cmask[None, :])
+
+
+@triton.jit
+def _adaln_bwd_weight_kernel(temb_ptr, dtab_ptr, dw_ptr, db_ptr, T, C, E,
+                             BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr):
+    pid_c = tl.program_id(0)
+    pid_e = tl.program_id(1)
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    es = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    emask = es < E
+    acc = tl.zeros([BLOCK_C, BLOCK_E], dtype=tl.float32)
+    db = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for t in range(T):  # K = T (1-3): an outer-product sum in fp32, timesteps in order
+        g = tl.load(dtab_ptr + t * C + cols, mask=cmask, other=0.0).to(tl.float32)
+        x = tl.load(temb_ptr + t * E + es, mask=emask, other=0.0).to(tl.float32)
+        s = x * sigmoid_f32(x)
+        acc += g[:, None] * s[None, :]
+        db += g
+    # One rounding to the weight dtype, after the fp32 sum over timesteps.
+    tl.store(dw_ptr + cols[:, None] * E + es[None, :], cast_rne(acc, dw_ptr.dtype.element_ty),
+             mask=cmask[:, None] & emask[None, :])
+    first = (cols * 0 + pid_e) == 0  # only the first E block writes d_bias (a vector mask: the interpreter needs one)
+    tl.store(db_ptr + cols, cast_rne(db, db_ptr.dtype.element_ty), mask=cmask & first)
+
+
+@triton.jit
+def _adaln_bwd_temb_partial_kernel(w_ptr, dtab_ptr, part_ptr, T, C, E, C_PER_SPLIT,
+                                   BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr):
+    pid_e = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    es = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
+    emask = es < E
+    ts = tl.arange(0, BLOCK_T)
+    acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+    for c0 in range(0, C_PER_SPLIT, BLOCK_C):
+        cs = pid_s * C_PER_SPLIT + c0 + tl.arange(0, BLOCK_C)
+        cmask = cs < C
+        w = tl.load(w_ptr + cs[:, None] * E + es[None, :], mask=cmask[:, None] & emask[None, :], other=0.0)
+        w = w.to(tl.float32)
+        for t in range(T):
+            g = tl.load(dtab_ptr + t * C + cs, mask=cmask, other=0.0).to(tl.float32)
+            part = tl.sum(w * g[:, None], axis=0)
+            acc += tl.where(ts[:, None] == t, part[None, :], 0.0)
+    offs = pid_s * T * E + ts[:, None] * E + es[None, :]
+    tl.store(part_ptr + offs, acc, mask=(ts[:, None] < T) & emask[None, :])
+
+
+@triton.jit
+def _segment_partials_kernel(val_ptr, idx_ptr, part_ptr, S, H, R,
+                             CHUNK_S: tl.constexpr, TILE_S: tl.constexpr, BLOCK_H: tl.constexpr,
+                             BLOCK_R: tl.constexpr):
+    pid_c = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    cols = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    cmask = cols < H
+    rids = tl.arange(0, BLOCK_R)
+    acc = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
+    for t0 in range(0, CHUNK_S, TILE_S):
+        rows = pid_c * CHUNK_S + t0 + tl.arange(0, TILE_S)
+        rmask = rows < S
+        v = tl.load(val_ptr + rows[:, None] * H + cols[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0)
+        v = v.to(tl.float32)
+        ix = tl.load(idx_ptr + rows, mask=rmask, other=-1).to(tl.int32)
+        for r in range(R):
+            part = tl.sum(tl.where(ix[:, None] == r, v, 0.0), axis=0)
+            acc += tl.where(rids[:, None] == r, part[None, :], 0.0)
+    offs = pid_c * R * H + rids[:, None] * H + cols[None, :]
+    tl.store(part_ptr + offs, acc, mask=(rids[:, None] < R) & cmask[None, :])
+
+
+@triton.jit
+def _finish_kernel(part_ptr, out_ptr, aux_ptr, NC, R, N, out_row_stride, out_col_offset,
+                   SILU_GRAD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[r, off + n] = sum_c part[c, r, n] in chunk order (times silu'(aux[r, n]) when SILU_GRAD)."""
+    pid_n = tl.program_id(0)
+    r = tl.program_id(1)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for c0 in range(0, NC, BLOCK_P):
+        cs = c0 + tl.arange(0, BLOCK_P)
+        tile = tl.load(part_ptr + cs[:, None] * R * N + r * N + cols[None, :],
+                       mask=(cs[:, None] < NC) & cmask[None, :], other=0.0)
+        acc += tl.sum(tile, axis=0)
+    if SILU_GRAD:
+        x = tl.load(aux_ptr + r * N + cols, mask=cmask, other=0.0).to(tl.float32)
+        sg = sigmoid_f32(x)
+        acc = acc * (sg * (1.0 + x * (1.0 - sg)))  # d silu(x) / dx, fp32
+    tl.store(out_ptr + r * out_row_stride + out_col_offset + cols, cast_rne(acc, out_ptr.dtype.element_ty),
+             mask=cmask)
+
+
+# ----------------------------------------------------------------------------------------------- launchers
+
+
+def plan_segments(S: int, R: int) -> tuple[int, int, int, int]:
+    """(CHUNK_S, TILE_S, BLOCK_R, NC) of a segmented row sum over S rows into R table rows.
+
+    The plan depends on (S, R) only, so a given shape always reduces in the same order.
+    """
+    tile = SEG_TILE_S
+    chunk = max(tile, triton.cdiv(triton.cdiv(S, SEG_TARGET_CHUNKS), tile) * tile)
+    block_r = max(2, triton.next_power_of_2(R))
+    return chunk, tile, block_r, triton.cdiv(S, chunk)
+
+
+def finish_segments(partials: torch.Tensor, out: torch.Tensor, col_offset: int = 0,
+                    silu_of: torch.Tensor | None = None) -> None:
+    """Pass 2: out[r, col_offset:col_offset+N] = partials[:, r, :].sum(0) in chunk order, rounded to out.dtype."""
+    nc, r, n = partials.shape
+    grid = (triton.cdiv(n, FINISH_BLOCK_N), r)
+    aux = silu_of if silu_of is not None else partials
+    _finish_kernel[grid](partials, out, aux, nc, r, n, out.stride(0), col_offset,
+                         SILU_GRAD=silu_of is not None, BLOCK_P=FINISH_BLOCK_P, BLOCK_N=FINISH_BLOCK_N, num_warps=4)
+
+
+def _segment_sum_launch(values: torch.Tensor, idx: torch.Tensor, num_rows: int) -> torch.Tensor:
+    S, H = values.shape
+    chunk, tile, block_r, nc = plan_segments(S, num_rows)
+    partials = new_empty((nc, num_rows, H), torch.float32, values.device)
+    grid = (nc, triton.cdiv(H, SEG_BLOCK_H))
+    _segment_partials_kernel[grid](values, idx, partials, S, H, num_rows,
+                                   CHUNK_S=chunk, TILE_S=tile, BLOCK_H=SEG_BLOCK_H, BLOCK_R=block_r, num_warps=4)
+    out = new_empty((num_rows, H), torch.float32, values.device)
+    finish_segments(partials, out)
+    return out
+
+
+def _adaln_fwd_launch(temb: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    T, E = temb.shape
+    C = weight.shape[0]
+    out = new_empty((T, C), torch.float32, temb.device)
+    block_t = max(2, triton.next_power_of_2(T))
+    grid = (triton.cdiv(C, GEMV_BLOCK_C),)
+    _adaln_fwd_kernel[grid](temb, weight, bias, out, T, C, E,
+                            BLOCK_T=block_t, BLOCK_C=GEMV_BLOCK_C, BLOCK_E=GEMV_BLOCK_E, num_warps=GEMV_WARPS)
+    return out
+
+
+def _adaln_bwd_launch(temb, weight, bias, d_tab, need_temb, need_weight, need_bias):
+    T, E = temb.shape
+    C = weight.shape[0]
+    dev = temb.device
+    d_temb = d_weight = d_bias = None
+    if need_weight or need_bias:
+        d_weight = new_empty((C, E), weight.dtype, dev)
+        d_bias = new_empty((C,), bias.dtype, dev)
+        grid = (triton.cdiv(C, DW_BLOCK_C), triton.cdiv(E, DW_BLOCK_E))
+        _adaln_bwd_weight_kernel[grid](temb, d_tab, d_weight, d_bias, T, C, E,
+                                       BLOCK_C=DW_BLOCK_C, BLOCK_E=DW_BLOCK_E, num_warps=4)
+    if need_temb:
+        c_blocks = triton.cdiv(C, GEMV_BLOCK_C)
+        c_per_split = GEMV_BLOCK_C * triton.cdiv(c_blocks, DTEMB_TARGET_SPLIT)
+        split = triton.cdiv(C, c_per_split)
+        partials = new_empty((split, T, E), torch.float32, dev)
+        block_t = max(2, triton.next_power_of_2(T))
+        grid = (triton.cdiv(E, GEMV_BLOCK_E), split)
+        _adaln_bwd_temb_partial_kernel[grid](weight, d_tab, partials, T, C, E, c_per_split,
+                                             BLOCK_T=block_t, BLOCK_C=GEMV_BLOCK_C, BLOCK_E=GEMV_BLOCK_E,
+                                             num_warps=GEMV_WARPS)
+        d_temb = new_empty((T, E), temb.dtype, dev)
+        finish_segments(partials, d_temb, silu_of=temb)
+    return d_temb, d_weight, d_bias
+
+
+# ----------------------------------------------------------------------------------------------- autograd
+
+
+class AdaLNTable(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, temb, weight, bias, row_width):
+        table = _adaln_fwd_launch(temb, weight, bias)
+        ctx.save_for_backward(temb, weight, bias)
+        return table.view(-1, row_width)
+
+    @staticmethod
+    def backward(ctx, d_table):
+        temb, weight, bias = ctx.saved_tensors
+        # The table is fp32, so its gradient is fp32; a bf16 upstream gradient is upcast (exact).
+        d_tab = d_table.to(torch.float32).contiguous().view(temb.shape[0], weight.shape[0])
+        need = ctx.needs_input_grad
+        d_temb, d_weight, d_bias = _adaln_bwd_launch(temb, weight, bias, d_tab, need[0], need[1], need[2])
+        return (d_temb if need[0] else None, d_weight if need[1] else None, d_bias if need[2] else None, None)
+
+
+class SegmentSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, values, idx, num_rows):
+        ctx.save_for_backward(idx)
+        ctx.values_dtype = values.dtype
+        return _segment_sum_launch(values, idx, num_rows)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        (idx,) = ctx.saved_tensors
+        # A gather: no arithmetic, deterministic; the cast to bf16 values (if any) is the only rounding.
+        return d_out.index_select(0, idx).to(ctx.values_dtype), None, None
+
+
+# ----------------------------------------------------------------------------------------------- functional
+
+
+def adaln_table(temb_TE: torch.Tensor, weight_CE: torch.Tensor, bias_C: torch.Tensor,
+                row_width: int | None = None) -> torch.Tensor:
+    """silu(temb) @ weight^T + bias in fp32, as a float32 [T*C/W, W] table (W = row_width or C // 3)."""
+    op = "adaln_table"
+    dev = check_inputs(op, ("temb", temb_TE), ("weight", weight_CE), ("bias", bias_C))
+    check_shape(op, "temb", temb_TE, (-1, -1))
+    T, E = temb_TE.shape
+    check_shape(op, "weight", weight_CE, (-1, E))
+    C = weight_CE.shape[0]
+    check_shape(op, "bias", bias_C, (C,))
+    width = C // MODALITY_NUM if row_width is None else row_width
+    if not isinstance(width, int) or width <= 0 or C % width:
+        raise KernelInputError(f"{op}: row width {width!r} does not divide the projection width C={C}")
+    del dev
+    return AdaLNTable.apply(temb_TE, weight_CE, bias_C, width)
+
+
+def segment_sum(values_SH: torch.Tensor, idx_S: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """Deterministic out[r] = sum(values[idx == r]) in fp32, shape [num_rows, H]."""
+    op = "segment_sum"
+    dev = check_inputs(op, ("values", values_SH))
+    check_shape(op, "values", values_SH, (-1, -1))
+    if not isinstance(num_rows, int) or isinstance(num_rows, bool) or num_rows <= 0:
+        raise KernelInputError(f"{op}: num_rows must be a positive int, got {num_rows!r}")
+    check_index(op, "idx", idx_S, values_SH.shape[0], num_rows, dev)
+    return SegmentSum.apply(values_SH, idx_S, num_rows)
+
+
+__all__ = ["INDEX_DTYPES", "MODALITY_NUM", "adaln_table", "finish_segments", "plan_segments", "segment_sum"]
