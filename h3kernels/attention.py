@@ -38,9 +38,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-
-class KernelInputError(ValueError):
-    """Inputs a candidate kernel cannot take (same name as ``h3kernels._common`` uses, local until that lands)."""
+from h3kernels._common import KernelInputError, cast_rne, is_interpreting, new_empty
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -110,14 +108,14 @@ def resolve_config(D: int, dtype: torch.dtype, override: str | None = None) -> A
 
 # triton.jit builds CPU-interpreter kernels when TRITON_INTERPRET is set at decoration time, i.e. when this module is
 # imported; read it at the same moment so the UPCAST switch always matches the kind of kernel that runs.
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+_INTERPRET = is_interpreting()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Kernels. UPCAST is on only under TRITON_INTERPRET=1: the interpreter computes bf16 arithmetic (tl.dot included) on
 # raw uint16 bits and gets garbage (triton issue 11584), so loaded tiles are widened to fp32 before any dot there.
-# Rounded operands (p, dS) and outputs are still rounded to the input dtype (by _round), so the CPU path rounds exactly
-# where and how the GPU does; bf16 x bf16 products are exact in fp32, leaving only the summation order to differ.
+# Rounded operands (p, dS) and outputs are still rounded to nearest-even in the input dtype (cast_rne), so the CPU path
+# rounds exactly where and how the GPU does; bf16 x bf16 products are exact in fp32, so only summation order differs.
 # ---------------------------------------------------------------------------------------------------------------------
 @triton.jit
 def _load_tile(ptrs, mask, UPCAST: tl.constexpr):
@@ -129,21 +127,17 @@ def _load_tile(ptrs, mask, UPCAST: tl.constexpr):
 
 @triton.jit
 def _round(x, DTYPE: tl.constexpr, UPCAST: tl.constexpr):
-    # fp32 tile rounded to nearest-even in DTYPE: a plain cast on the GPU (the bf16 tensor-core fast path for p and
-    # dS; a no-op for fp32). The interpreter's fp32->bf16 cast truncates (and its "rtne" mode is wrong too), so under
-    # UPCAST round on the fp32 bits and stay fp32: the value is then exact in bf16, and a later cast is exact.
+    # fp32 p or dS rounded to nearest-even in the input dtype: the bf16 tensor-core fast path (a no-op for fp32).
+    # Under UPCAST widened back to fp32 (exactly, the value is a bf16 one) since the interpreter's bf16 dot is broken.
+    x = cast_rne(x, DTYPE)
     if UPCAST:
-        if DTYPE == tl.bfloat16:
-            bits = x.to(tl.uint32, bitcast=True)
-            x = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
-    else:
-        x = x.to(DTYPE)
+        x = x.to(tl.float32)
     return x
 
 
 @triton.jit
-def _store_tile(ptrs, x, mask, UPCAST: tl.constexpr):
-    tl.store(ptrs, _round(x, ptrs.dtype.element_ty, UPCAST).to(ptrs.dtype.element_ty), mask=mask)
+def _store_tile(ptrs, x, mask):
+    tl.store(ptrs, cast_rne(x, ptrs.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -181,7 +175,7 @@ def _attn_fwd_kernel(Q, K, V, Out, LSE, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b
         acc = tl.dot(_round(p, Q.dtype.element_ty, UPCAST), v, acc * alpha[:, None], input_precision=PREC)
         m_i = m_new
     acc = acc / l_i[:, None]  # l_i >= 1: the row max contributes exp2(0)
-    _store_tile(Out + b * so_b + h * so_h + offs_m[:, None] * so_s + offs_d[None, :], acc, in_m[:, None], UPCAST)
+    _store_tile(Out + b * so_b + h * so_h + offs_m[:, None] * so_s + offs_d[None, :], acc, in_m[:, None])
     tl.store(LSE + bh * S + offs_m, m_i + tl.math.log2(l_i), mask=in_m)
 
 
@@ -239,8 +233,8 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sq_b, sq_s, sq_h, sk_
         dk = tl.dot(_round(dsT, Q.dtype.element_ty, UPCAST), q, dk, input_precision=PREC)
     dk = dk * sm_scale
     g_off = b * sg_b + h * sg_h + offs_n[:, None] * sg_s + offs_d[None, :]  # dk and dv share one layout
-    _store_tile(DK + g_off, dk, in_n[:, None], UPCAST)
-    _store_tile(DV + g_off, dv, in_n[:, None], UPCAST)
+    _store_tile(DK + g_off, dk, in_n[:, None])
+    _store_tile(DV + g_off, dv, in_n[:, None])
 
 
 @triton.jit
@@ -276,15 +270,12 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sq_b, sq_s, sq_h, sk_b, sk_
         ds = p * (dp - delta[:, None])
         dq = tl.dot(_round(ds, Q.dtype.element_ty, UPCAST), k, dq, input_precision=PREC)
     dq = dq * sm_scale
-    _store_tile(DQ + b * sg_b + h * sg_h + offs_m[:, None] * sg_s + offs_d[None, :], dq, in_m[:, None], UPCAST)
+    _store_tile(DQ + b * sg_b + h * sg_h + offs_m[:, None] * sg_s + offs_d[None, :], dq, in_m[:, None])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Launchers: validate, allocate, launch. Every buffer comes from _empty so tests can poison it (NaN pre-fill).
+# Launchers: validate, allocate (new_empty: NaN-filled inside _common.poisoned_outputs()), launch.
 # ---------------------------------------------------------------------------------------------------------------------
-def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype, device=device)
-
 
 def check_attention_inputs(q_BSND: torch.Tensor, k_BSND: torch.Tensor, v_BSND: torch.Tensor) -> None:
     """Raise KernelInputError with the actual shapes/dtypes/devices when the kernels cannot take these inputs."""
@@ -333,8 +324,8 @@ def attention_fwd(q_BSND: torch.Tensor, k_BSND: torch.Tensor, v_BSND: torch.Tens
                   cfg: AttnConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward launch: returns o_BSND (input dtype, contiguous) and lse_BNS (float32, base-2 logsumexp)."""
     B, S, NH, D = q_BSND.shape
-    o_BSND = _empty((B, S, NH, D), q_BSND.dtype, q_BSND.device)
-    lse_BNS = _empty((B, NH, S), torch.float32, q_BSND.device)
+    o_BSND = new_empty((B, S, NH, D), q_BSND.dtype, q_BSND.device)
+    lse_BNS = new_empty((B, NH, S), torch.float32, q_BSND.device)
     _attn_fwd_kernel[(triton.cdiv(S, cfg.fwd_m), B * NH)](
         q_BSND, k_BSND, v_BSND, o_BSND, lse_BNS, *_s3(q_BSND), *_s3(k_BSND), *_s3(v_BSND), *_s3(o_BSND),
         NH, S, _LOG2E / math.sqrt(D), D=D, BLOCK_M=cfg.fwd_m, BLOCK_N=cfg.fwd_n, TAIL=S % cfg.fwd_n != 0,
@@ -350,10 +341,10 @@ def attention_bwd(do_BSND: torch.Tensor, q_BSND: torch.Tensor, k_BSND: torch.Ten
     if do_BSND.stride(-1) != 1 or do_BSND.dtype != q_BSND.dtype:
         # Autograd may hand an expanded (stride 0) or other-dtype gradient; the kernels read D-contiguous tiles.
         do_BSND = do_BSND.to(q_BSND.dtype).contiguous()
-    delta_BNS = _empty((B, NH, S), torch.float32, q_BSND.device)
+    delta_BNS = new_empty((B, NH, S), torch.float32, q_BSND.device)
     _attn_bwd_delta_kernel[(triton.cdiv(S, _DELTA_M), B * NH)](
         o_BSND, do_BSND, delta_BNS, *_s3(o_BSND), *_s3(do_BSND), NH, S, D=D, BLOCK_M=_DELTA_M)
-    dq_BSND, dk_BSND, dv_BSND = (_empty((B, S, NH, D), q_BSND.dtype, q_BSND.device) for _ in range(3))
+    dq_BSND, dk_BSND, dv_BSND = (new_empty((B, S, NH, D), q_BSND.dtype, q_BSND.device) for _ in range(3))
     sm_scale = 1.0 / math.sqrt(D)
     args = (q_BSND, k_BSND, v_BSND, do_BSND, lse_BNS, delta_BNS)
     strides = (*_s3(q_BSND), *_s3(k_BSND), *_s3(v_BSND), *_s3(do_BSND), *_s3(dq_BSND))  # dq, dk, dv: one layout

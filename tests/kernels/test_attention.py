@@ -1,0 +1,240 @@
+"""h3kernels.attention against a float64 reference, forward and backward, on the CPU interpreter and the GPU.
+
+Without CUDA the kernels run under TRITON_INTERPRET=1 (tests/kernels/conftest.py). The interpreter's bf16 arithmetic
+is broken (it computes on raw uint16 bits), so there the kernels upcast loaded bf16 tiles to fp32 before tl.dot (the
+UPCAST switch) while still rounding p, dS and outputs to bf16 where the GPU does: the bf16 results here model the
+GPU's rounding, not its tensor-core summation order. With CUDA the same small cases run compiled on the GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from h3kernels import attention as A
+from h3kernels._common import KernelInputError, is_interpreting, poisoned_outputs
+
+DEVICE = "cpu" if is_interpreting() else "cuda"
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tol:
+    atol: float  # in units of the tensor's largest reference magnitude (of all three gradients where that is 0)
+    rtol: float
+    vs_torch: float | None  # max ratio of our Frobenius error to torch's bf16 SDPA error, both against the reference
+    why: str
+
+
+TOLERANCES: dict[tuple[str, torch.dtype, str], Tol] = {
+    ("attention", torch.float32, "output"): Tol(
+        1e-6, 1e-5, None, "fp32 accumulators and IEEE fp32 dots: only summation order differs (measured ~3e-7)"),
+    ("attention", torch.float32, "grad"): Tol(
+        2e-6, 2e-5, None, "as the output, plus the cancellation dP - delta in dS (measured ~3e-7)"),
+    ("attention", torch.bfloat16, "output"): Tol(
+        2**-7, 2**-8, 1.5, "p rounded to bf16 before P@V as flash attention does; torch's math path rounds once "
+        "(measured ratio 1.2-1.3); atol = one bf16 ulp of the largest |o|"),
+    ("attention", torch.bfloat16, "grad"): Tol(
+        2**-7, 2**-8, 1.75, "p and dS rounded to bf16 before their dots (measured ratio 1.4-1.6)"),
+    # Scores ~ +-100 (test_peaked_scores): every fp32 rounding of a score moves p by ~1e-5 relative, and FA2 rounds
+    # scores more often than torch's math path (scale folded in, base 2, P recomputed from the saved logsumexp), so
+    # the bounds follow the conditioning. A missing max-subtraction gives inf/NaN and a wrong rescale O(1) errors.
+    ("attention", torch.float32, "output-peaked"): Tol(1e-5, 1e-4, 2.0, "measured 1.2e-6 relative, 0.9x torch"),
+    ("attention", torch.float32, "grad-peaked"): Tol(
+        1e-5, 1e-4, 8.0, "measured up to 8.5e-6 relative, 6.2x torch (dv: P recomputed from lse ~ 150)"),
+    ("attention", torch.bfloat16, "output-peaked"): Tol(2**-7, 2**-8, 1.5, "measured 1.0x torch"),
+    ("attention", torch.bfloat16, "grad-peaked"): Tol(
+        2**-7, 2**-8, 4.0, "bf16 dS of near-one-hot rows cancels in dS K (measured 3.3x torch, up from 1.5x)"),
+}
+
+# (B, S, NH, D): the tiny preset width, odd tails (17, 100), an exact tile (64), a single token.
+SHAPES = [(1, 1, 1, 32), (2, 17, 3, 64), (1, 64, 2, 32), (2, 100, 1, 64)]
+# 16-row tiles everywhere: many key/query tiles per row, so the online-softmax rescaling and tails really run.
+SMALL_TILES = A.AttnConfig(16, 16, 4, 1, 16, 16, 4, 1, 16, 16, 4, 1)
+
+
+def _inputs(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0, peak: float = 1.0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, do = (torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(4))
+    return [x.to(dtype=dtype, device=DEVICE) for x in (q * peak, k, v, do)]
+
+
+def _run(fn, q, k, v, do):  # noqa: ANN001, ANN202 (test helper over tensors)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    o = fn(*leaves)
+    o.backward(do)
+    return [o.detach()] + [x.grad for x in leaves]
+
+
+def _candidate(q, k, v, do, config=None):  # noqa: ANN001, ANN202
+    return _run(lambda a, b, c: A.attention(a, b, c, config=config), q, k, v, do)
+
+
+def _float64(q, k, v, do):  # noqa: ANN001, ANN202
+    return _run(A.attention_reference, *(x.double() for x in (q, k, v, do)))
+
+
+def _check(names, got, ref, tol: Tol, baseline=None) -> list[str]:  # noqa: ANN001
+    """Failures as messages: max abs, relative (Frobenius) error, mismatch count and NaN/Inf count, separately."""
+    failures = []
+    for i, (name, g, r) in enumerate(zip(names, got, ref, strict=True)):
+        scale = float(r.abs().max()) or max(float(x.abs().max()) for x in ref)
+        err = (g.double() - r).abs()
+        nan, inf = int(g.isnan().sum()), int(g.isinf().sum())
+        mism = int((err > tol.atol * scale + tol.rtol * r.abs()).sum()) if nan + inf == 0 else g.numel()
+        rel = float(err.norm() / max(float(r.norm()), 1e-30))
+        msg = (f"{name} {g.dtype}: max_abs={float(err.max()):.3e} rel={rel:.3e} mismatches={mism}/{g.numel()} "
+               f"(atol={tol.atol:.1e}*{scale:.2e}, rtol={tol.rtol:.1e}) nan={nan} inf={inf}")
+        ok = mism == 0
+        if tol.vs_torch is not None and baseline is not None:
+            base = float((baseline[i].double() - r).norm())
+            ok = ok and float(err.norm()) <= tol.vs_torch * base + tol.atol * scale
+            msg += f" torch_rel={base / max(float(r.norm()), 1e-30):.3e} (limit x{tol.vs_torch})"
+        if not ok:
+            failures.append(msg)
+    return failures
+
+
+def _assert_close(got, ref, dtype: torch.dtype, baseline=None, case: str = "") -> None:  # noqa: ANN001
+    fails = _check(["o"], got[:1], ref[:1], TOLERANCES[("attention", dtype, "output" + case)],
+                   baseline and baseline[:1])
+    fails += _check(["dq", "dk", "dv"], got[1:], ref[1:], TOLERANCES[("attention", dtype, "grad" + case)],
+                    baseline and baseline[1:])
+    assert not fails, "\n".join(fails)
+
+
+def _bytes_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.equal(x.view(torch.uint8), y.view(torch.uint8)) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-S{}-NH{}-D{}".format(*s))
+def test_forward_backward_match_float64(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    q, k, v, do = _inputs(shape, dtype)
+    baseline = _run(A.attention_reference, q, k, v, do) if dtype == torch.bfloat16 else None
+    _assert_close(_candidate(q, k, v, do), _float64(q, k, v, do), dtype, baseline)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_small_tiles(dtype: torch.dtype) -> None:
+    q, k, v, do = _inputs((1, 100, 2, 32), dtype, seed=1)
+    baseline = _run(A.attention_reference, q, k, v, do) if dtype == torch.bfloat16 else None
+    _assert_close(_candidate(q, k, v, do, SMALL_TILES), _float64(q, k, v, do), dtype, baseline)
+
+
+@pytest.mark.parametrize("config", [None, SMALL_TILES], ids=["table", "small-tiles"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_peaked_scores(dtype: torch.dtype, config: A.AttnConfig | None) -> None:
+    # q * 40: scaled scores have std 40, so a row max (~100) overflows exp() unless the running max is subtracted.
+    q, k, v, do = _inputs((1, 100, 2, 32), dtype, seed=1, peak=40.0)
+    baseline = _run(A.attention_reference, q, k, v, do)
+    _assert_close(_candidate(q, k, v, do, config), _float64(q, k, v, do), dtype, baseline, "-peaked")
+
+
+@pytest.mark.parametrize("config", [None, SMALL_TILES], ids=["table", "small-tiles"])
+def test_poisoned_outputs_are_fully_written(config: A.AttnConfig | None) -> None:
+    q, k, v, do = _inputs((2, 100, 1, 64), torch.bfloat16, seed=2)
+    clean = _candidate(q, k, v, do, config)
+    with poisoned_outputs():  # every buffer the launchers allocate (o, lse, delta, dq, dk, dv) starts as NaN
+        poisoned = _candidate(q, k, v, do, config)
+    assert [int(t.isnan().sum()) for t in poisoned] == [0, 0, 0, 0]
+    assert _bytes_equal(poisoned, clean)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_deterministic_byte_identical(dtype: torch.dtype) -> None:
+    q, k, v, do = _inputs((2, 100, 1, 64), dtype, seed=3)
+    assert _bytes_equal(_candidate(q, k, v, do), _candidate(q, k, v, do))
+
+
+def test_batch_items_are_independent() -> None:
+    q, k, v, do = _inputs((2, 17, 2, 32), torch.bfloat16, seed=4)
+    both = _candidate(q, k, v, do)
+    alone = _candidate(*(x[:1].clone() for x in (q, k, v, do)))
+    other = _inputs((2, 17, 2, 32), torch.bfloat16, seed=5)
+    changed = _candidate(*(torch.cat([x[:1], y[1:]]) for x, y in zip((q, k, v, do), other, strict=True)))
+    assert _bytes_equal([t[:1] for t in both], alone)
+    assert _bytes_equal([t[:1] for t in changed], alone)
+    assert not torch.equal(changed[0][1:], both[0][1:])
+
+
+def test_strided_layouts_read_without_copies() -> None:
+    B, S, NH, D = 1, 17, 2, 32
+    q, k, v, do = _inputs((B, S, NH, D), torch.float32, seed=6)
+    want = _candidate(q, k, v, do)
+    qkv = torch.stack([q, k, v], dim=2)  # [B, S, 3, NH, D]: q/k/v views of one fused projection
+    assert not qkv[:, :, 0].is_contiguous()
+    assert _bytes_equal(_candidate(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], do), want)
+    bnsd = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v)]  # [B, NH, S, D] memory
+    assert _bytes_equal(_candidate(*bnsd, do), want)
+
+
+def test_expanded_grad_output() -> None:
+    q, k, v, _ = _inputs((1, 17, 1, 32), torch.float32, seed=7)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    A.attention(*leaves).sum().backward()  # autograd hands the backward a stride-0 expanded dO
+    want = _candidate(q, k, v, torch.ones_like(q))
+    assert _bytes_equal([x.grad for x in leaves], want[1:])
+
+
+def test_config_override_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(A.CONFIG_ENV, "fwd_m=16, fwd_n=32,dq_n=16")
+    cfg = A.resolve_config(32, torch.float32)
+    assert (cfg.fwd_m, cfg.fwd_n, cfg.dq_n, cfg.dq_m) == (16, 32, 16, A.CONFIGS[(32, torch.float32)].dq_m)
+    q, k, v, do = _inputs((1, 40, 1, 32), torch.float32, seed=8)
+    assert _bytes_equal(_candidate(q, k, v, do), _candidate(q, k, v, do, cfg))
+    for bad in ("fwd_m=48", "fwd_m=", "block=64", "fwd_warps=0"):
+        with pytest.raises(KernelInputError, match="attention: "):
+            A.resolve_config(32, torch.float32, bad)
+
+
+@pytest.mark.skipif(not is_interpreting(), reason="the UPCAST switch exists for the CPU interpreter")
+def test_interpreter_upcasts_bf16_tiles() -> None:
+    # The interpreter's bf16 tl.dot returns ~1e10 garbage; the kernels must widen tiles to fp32 there.
+    assert A._launch_flags(torch.bfloat16) == {"UPCAST": True, "PREC": "ieee"}
+
+
+def _t(shape=(1, 8, 2, 32), dtype=torch.float32, device=DEVICE):  # noqa: ANN001, ANN202
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize(("make", "needle"), [
+    (lambda: (_t((1, 0, 2, 32)), _t((1, 0, 2, 32)), _t((1, 0, 2, 32))), "empty"),
+    (lambda: (_t(), _t((1, 9, 2, 32)), _t()), "shapes differ"),
+    (lambda: (_t(), _t(dtype=torch.bfloat16), _t()), "dtypes differ"),
+    (lambda: (_t(), _t(device="meta"), _t()), "devices differ"),
+    (lambda: (_t(dtype=torch.float64),) * 3, "float64 unsupported"),
+    (lambda: (_t(dtype=torch.int32),) * 3, "int32 unsupported"),
+    (lambda: (_t((1, 8, 2, 48)),) * 3, "D=48 unsupported"),
+    (lambda: (_t((8, 2, 32)),) * 3, "must be [B, S, NH, D]"),
+    (lambda: (_t((1, 8, 2, 64))[..., ::2],) * 3, "last dim must be contiguous"),
+    (lambda: ([[0.0]], _t(), _t()), "must be a torch.Tensor"),
+], ids=["empty", "shape", "dtype", "device", "fp64", "int", "head-dim", "ndim", "last-stride", "non-tensor"])
+def test_rejects_bad_inputs(make, needle: str) -> None:  # noqa: ANN001
+    with pytest.raises(KernelInputError, match=r"^attention: ") as info:
+        A.attention(*make())
+    assert isinstance(info.value, ValueError) and needle in str(info.value)
+
+
+def test_rejects_cpu_tensors_without_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(A, "_INTERPRET", False)
+    with pytest.raises(KernelInputError, match="TRITON_INTERPRET=1"):
+        A.attention(*(_t(device="cpu"),) * 3)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize(("S", "dtype"), [(1000, torch.bfloat16), (4096, torch.bfloat16), (4097, torch.bfloat16),
+                                          (1000, torch.float32)], ids=["S1000", "S4096", "S4097", "S1000-fp32"])
+def test_real_shape_on_gpu(S: int, dtype: torch.dtype) -> None:
+    q, k, v, do = _inputs((1, S, 56, 128), dtype, seed=9)
+    got = _candidate(q, k, v, do)
+    ref_dtype = torch.float32 if dtype == torch.bfloat16 else torch.float64
+    ref = _run(A.attention_reference, *(x.to(ref_dtype) for x in (q, k, v, do)))
+    # bf16 baseline: torch's default SDPA (cuDNN / flash), which also rounds P to bf16 (the providers' level).
+    sdpa = _run(lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(
+        a.transpose(1, 2), b.transpose(1, 2), c.transpose(1, 2)).transpose(1, 2), q, k, v, do)
+    _assert_close(got, [r.double() for r in ref], dtype, sdpa if dtype == torch.bfloat16 else None)
+    assert _bytes_equal(got, _candidate(q, k, v, do)), "two runs differ"
