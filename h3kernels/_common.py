@@ -105,6 +105,12 @@ def check_chunk(op: str, name: str, chunk: int, num_chunks: int) -> None:
         raise KernelInputError(f"{op}: `{name}` is {chunk!r}, expected an int in [0, {num_chunks})")
 
 
+def check_eps(op: str, eps: float) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise KernelInputError(f"{op}: eps must be a non-negative float, got {eps!r}")
+    return float(eps)
+
+
 _POISON = False
 
 

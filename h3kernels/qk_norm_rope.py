@@ -1,0 +1,200 @@
+"""Per-head QK RMSNorm fused with the rotary embedding (attn.norm_q / norm_k + diffusers `_apply_rotary_emb`).
+
+Legend: S packed-sequence rows, NH heads, D head dim, RD rotary dim (even, <= D), P backward programs.
+
+qk_norm_rope(x_SND, weight_D, cos_SRD | None, sin_SRD | None, eps) -> y_SND
+    per-head RMSNorm over D with weight (x * rsqrt(mean(x^2) + eps) * weight), then diffusers'
+    `_apply_rotary_emb` on the leading RD channels (x1, x2 = the first RD channels halved; out = x*cos +
+    cat(-x2, x1)*sin; the other D-RD channels pass through); no rotary when cos is None (refiner blocks).
+    x float32 or bfloat16 [S, NH, D] (batch 1, contiguous), weight float32 or bfloat16 [D], cos/sin [S, RD]
+    float32 (bf16 accepted, upcast). fp32 math with one rounding to x's dtype; cos/sin stay fp32 (diffusers
+    rounds them to the activation dtype first, and rounds after the norm, the weight and the rotation).
+    Backward (fused): the transposed rotation (rotation by -angle) applied to dy, then the RMSNorm backward;
+    dx in x's dtype; d_weight from fp32 per-program partials [P, D] summed in a fixed order
+    (modulation.finish_segments), rounded once to weight's dtype. No gradient for cos/sin (position buffers).
+
+Rejected (KernelInputError): empty, non-contiguous, mixed devices, dtypes other than float32/bfloat16, shapes
+that disagree, an odd or too large rotary dim, cos without sin, a negative eps.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from h3kernels._common import (
+    KernelInputError,
+    cast_rne,
+    check_eps,
+    check_inputs,
+    check_shape,
+    is_interpreting,
+    new_empty,
+    num_warps_for,
+)
+from h3kernels.modulation import finish_segments
+
+# Rows are (s, head) pairs of D channels. 32 rows x 128 channels = 4096 fp32 per tile (4 warps); the
+# interpreter takes 64-row tiles to run fewer Python-level programs.
+QK_BLOCK_ROWS = 64 if is_interpreting() else 32
+# Backward programs loop over row tiles and keep their d_weight partial in registers; 1024 programs (about 8
+# per SM) keep 28 tiles each at S=16384 x 56 heads and a 512 KB partials buffer. Fixed, so the reduction
+# order does not depend on the machine.
+QK_BWD_PROGRAMS = 4 if is_interpreting() else 1024
+
+
+# ----------------------------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _rope_lanes(cols, RD):
+    # rotate_half over the first RD channels: lane j < RD/2 pairs with j + RD/2 (sign -1), the second half with
+    # j - RD/2 (sign +1); lanes >= RD are pass-through.
+    half = RD // 2
+    is_rot = cols < RD
+    partner = tl.where(cols < half, cols + half, cols - half)
+    partner = tl.where(is_rot, partner, cols)
+    sign = tl.where(cols < half, -1.0, 1.0)
+    return is_rot, partner, sign
+
+
+@triton.jit
+def _qk_fwd_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, rstd_ptr, ROWS, NH, D, RD, eps,
+                   HAS_ROPE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    rmask = rows < ROWS
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    m2 = rmask[:, None] & cmask[None, :]
+    x = tl.load(x_ptr + rows[:, None] * D + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+    rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    y = x * rstd[:, None] * w[None, :]
+    if HAS_ROPE:
+        is_rot, partner, sign = _rope_lanes(cols, RD)
+        rm = rmask[:, None] & is_rot[None, :]
+        xp = tl.load(x_ptr + rows[:, None] * D + partner[None, :], mask=rm, other=0.0).to(tl.float32)
+        wp = tl.load(w_ptr + partner, mask=is_rot, other=0.0).to(tl.float32)
+        yp = xp * rstd[:, None] * wp[None, :]  # the normalized partner lane, never rounded
+        srow = (rows // NH).to(tl.int64) * RD
+        # cos/sin stay fp32 (diffusers rounds them to the activation dtype before use).
+        c = tl.load(cos_ptr + srow[:, None] + cols[None, :], mask=rm, other=1.0).to(tl.float32)
+        s = tl.load(sin_ptr + srow[:, None] + cols[None, :], mask=rm, other=0.0).to(tl.float32)
+        y = tl.where(is_rot[None, :], y * c + sign[None, :] * yp * s, y)
+    tl.store(y_ptr + rows[:, None] * D + cols[None, :], cast_rne(y, y_ptr.dtype.element_ty), mask=m2)
+    tl.store(rstd_ptr + rows, rstd, mask=rmask)
+
+
+@triton.jit
+def _qk_bwd_kernel(dy_ptr, x_ptr, w_ptr, cos_ptr, sin_ptr, rstd_ptr, dx_ptr, pw_ptr, ROWS, NH, D, RD, ROWS_PER_PROG,
+                   HAS_ROPE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for r0 in range(0, ROWS_PER_PROG, BLOCK_ROWS):
+        rows = pid * ROWS_PER_PROG + r0 + tl.arange(0, BLOCK_ROWS)
+        rmask = rows < ROWS
+        m2 = rmask[:, None] & cmask[None, :]
+        offs = rows[:, None] * D + cols[None, :]
+        dy = tl.load(dy_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+        if HAS_ROPE:
+            # Transposed rotation: d yn[k] = dy[k] cos[k] - sign[k] dy[p(k)] sin[p(k)] (sign[p(k)] = -sign[k]).
+            is_rot, partner, sign = _rope_lanes(cols, RD)
+            rm = rmask[:, None] & is_rot[None, :]
+            dyp = tl.load(dy_ptr + rows[:, None] * D + partner[None, :], mask=rm, other=0.0).to(tl.float32)
+            srow = (rows // NH).to(tl.int64) * RD
+            c = tl.load(cos_ptr + srow[:, None] + cols[None, :], mask=rm, other=1.0).to(tl.float32)
+            sp = tl.load(sin_ptr + srow[:, None] + partner[None, :], mask=rm, other=0.0).to(tl.float32)
+            dy = tl.where(is_rot[None, :], dy * c - sign[None, :] * dyp * sp, dy)
+        x = tl.load(x_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+        xhat = x * rstd[:, None]
+        dw += tl.sum(dy * xhat, axis=0)
+        g = dy * w[None, :]
+        cdot = tl.sum(g * xhat, axis=1) / D
+        dx = rstd[:, None] * (g - xhat * cdot[:, None])
+        tl.store(dx_ptr + offs, cast_rne(dx, dx_ptr.dtype.element_ty), mask=m2)
+    tl.store(pw_ptr + pid * D + cols, dw, mask=cmask)
+
+
+# ----------------------------------------------------------------------------------------------- launchers
+
+
+def _qk_fwd(x, weight, cos, sin, eps):
+    S, NH, D = x.shape
+    rows = S * NH
+    has_rope = cos is not None
+    RD = cos.shape[1] if has_rope else 0
+    y = new_empty(x.shape, x.dtype, x.device)
+    rstd = new_empty((rows,), torch.float32, x.device)
+    block_d = triton.next_power_of_2(D)
+    grid = (triton.cdiv(rows, QK_BLOCK_ROWS),)
+    _qk_fwd_kernel[grid](x, weight, cos if has_rope else x, sin if has_rope else x, y, rstd, rows, NH, D, RD, eps,
+                         HAS_ROPE=has_rope, BLOCK_ROWS=QK_BLOCK_ROWS, BLOCK_D=block_d,
+                         num_warps=num_warps_for(QK_BLOCK_ROWS * block_d))
+    return y, rstd
+
+
+def _qk_bwd(dy, x, weight, cos, sin, rstd):
+    S, NH, D = x.shape
+    rows = S * NH
+    has_rope = cos is not None
+    RD = cos.shape[1] if has_rope else 0
+    blocks = triton.cdiv(rows, QK_BLOCK_ROWS)
+    rows_per_prog = QK_BLOCK_ROWS * triton.cdiv(blocks, min(blocks, QK_BWD_PROGRAMS))
+    n_prog = triton.cdiv(rows, rows_per_prog)
+    dx = new_empty(x.shape, x.dtype, x.device)
+    pw = new_empty((n_prog, 1, D), torch.float32, x.device)
+    block_d = triton.next_power_of_2(D)
+    _qk_bwd_kernel[(n_prog,)](dy, x, weight, cos if has_rope else x, sin if has_rope else x, rstd, dx, pw, rows, NH,
+                              D, RD, rows_per_prog, HAS_ROPE=has_rope, BLOCK_ROWS=QK_BLOCK_ROWS, BLOCK_D=block_d,
+                              num_warps=num_warps_for(QK_BLOCK_ROWS * block_d))
+    d_weight = new_empty((1, D), weight.dtype, x.device)
+    finish_segments(pw, d_weight)
+    return dx, d_weight.view(D)
+
+
+# ----------------------------------------------------------------------------------------------- autograd
+
+
+class QKNormRope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, cos, sin, eps):
+        y, rstd = _qk_fwd(x, weight, cos, sin, eps)
+        ctx.save_for_backward(x, weight, cos, sin, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, cos, sin, rstd = ctx.saved_tensors
+        dx, dw = _qk_bwd(dy.contiguous(), x, weight, cos, sin, rstd)
+        return dx, dw if ctx.needs_input_grad[1] else None, None, None, None
+
+
+# ----------------------------------------------------------------------------------------------- functional
+
+
+def qk_norm_rope(x_SND: torch.Tensor, weight_D: torch.Tensor, cos_SRD: torch.Tensor | None,
+                 sin_SRD: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Per-head RMSNorm over D, then rotary on the leading RD channels (none when cos is None)."""
+    op = "qk_norm_rope"
+    if (cos_SRD is None) != (sin_SRD is None):
+        raise KernelInputError(f"{op}: cos and sin must both be given or both be None")
+    rope = () if cos_SRD is None else (("cos", cos_SRD), ("sin", sin_SRD))
+    check_inputs(op, ("x", x_SND), ("weight", weight_D), *rope)
+    check_shape(op, "x", x_SND, (-1, -1, -1))
+    S, _, D = x_SND.shape
+    check_shape(op, "weight", weight_D, (D,))
+    if cos_SRD is not None:
+        check_shape(op, "cos", cos_SRD, (S, -1))
+        check_shape(op, "sin", sin_SRD, tuple(cos_SRD.shape))
+        rd = cos_SRD.shape[1]
+        if rd % 2 or rd > D:
+            raise KernelInputError(f"{op}: rotary dim {rd} must be even and <= head dim {D}")
+    return QKNormRope.apply(x_SND, weight_D, cos_SRD, sin_SRD, check_eps(op, eps))
+
+
+__all__ = ["qk_norm_rope"]
