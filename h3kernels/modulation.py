@@ -47,13 +47,14 @@ from h3kernels._common import (
 
 MODALITY_NUM = 3  # diffusers MINIMAX_H3_MODALITY_NUM: table rows per timestep (video, text, audio)
 
-# GEMV tiles (forward and d_temb). BLOCK_C x BLOCK_E = 64 x 128 weight values per step: 16 KB of bf16 per load,
-# 64 fp32 registers per thread at 4 warps; at the real width (C=96768, E=2688) the forward grid is 1512
+# GEMV tiles (forward and d_temb). BLOCK_C x BLOCK_E = 64 x 64 weight values per step at 8 warps: the forward
+# compiles to 102 registers, no spills, for sm_90 (ptxas via triton's cuobjdump, on the CPU); 64 x 128 at 4
+# warps spilled (254 registers + 56 B stack). At the real width (C=96768, E=2688) the forward grid is 1512
 # programs, enough to keep 132 SMs streaming the 520 MB weight once. On the interpreter the tile is larger so
-# that fewer (slow, Python-level) programs run.
+# that fewer (slow, Python-level) programs run. Not yet timed on the GPU.
 GEMV_BLOCK_C = 128 if is_interpreting() else 64
-GEMV_BLOCK_E = 128
-GEMV_WARPS = 4
+GEMV_BLOCK_E = 128 if is_interpreting() else 64
+GEMV_WARPS = 8
 # d_temb reduces over C: split C into about this many fixed ranges (grid = E/BLOCK_E x split, 21 x 64 at the
 # real width), then sum the split partials in order. 64 fills the GPU; the interpreter needs few splits.
 DTEMB_TARGET_SPLIT = 4 if is_interpreting() else 64
@@ -61,9 +62,11 @@ DTEMB_TARGET_SPLIT = 4 if is_interpreting() else 64
 DW_BLOCK_C = 64
 DW_BLOCK_E = 128
 
-# Segmented sums: BLOCK_H columns x TILE_S rows per step; a program owns a CHUNK of rows. 256 columns keeps the
-# [BLOCK_R, BLOCK_H] accumulator (R <= 16) at <= 32 registers per thread at 4 warps.
+# Segmented sums: BLOCK_H columns x TILE_S rows per step; a program owns a CHUNK of rows. 256 columns keep the
+# [BLOCK_R, BLOCK_H] accumulators (R <= 16) small: at 8 warps the partial kernels here and in norm.py /
+# residual.py compile to 113-119 registers, no spills (sm_90, checked on the CPU); at 4 warps 192-224.
 SEG_BLOCK_H = 256
+SEG_WARPS = 8
 SEG_TILE_S = 32 if is_interpreting() else 16
 # Chunks per sequence: ~64 chunks (S=16384 -> 256 rows each) gives 64 x 21 = 1344 programs at H=5376 and a
 # 12 MB partials buffer for R=9; the interpreter takes whole-tile chunks.
@@ -222,8 +225,8 @@ def _segment_sum_launch(values: torch.Tensor, idx: torch.Tensor, num_rows: int) 
     chunk, tile, block_r, nc = plan_segments(S, num_rows)
     partials = new_empty((nc, num_rows, H), torch.float32, values.device)
     grid = (nc, triton.cdiv(H, SEG_BLOCK_H))
-    _segment_partials_kernel[grid](values, idx, partials, S, H, num_rows,
-                                   CHUNK_S=chunk, TILE_S=tile, BLOCK_H=SEG_BLOCK_H, BLOCK_R=block_r, num_warps=4)
+    _segment_partials_kernel[grid](values, idx, partials, S, H, num_rows, CHUNK_S=chunk, TILE_S=tile,
+                                   BLOCK_H=SEG_BLOCK_H, BLOCK_R=block_r, num_warps=SEG_WARPS)
     out = new_empty((num_rows, H), torch.float32, values.device)
     finish_segments(partials, out)
     return out

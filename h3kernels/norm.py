@@ -41,7 +41,7 @@ from h3kernels._common import (
     num_warps_for,
     row_tile,
 )
-from h3kernels.modulation import FINISH_BLOCK_P, SEG_BLOCK_H, plan_segments
+from h3kernels.modulation import FINISH_BLOCK_P, SEG_BLOCK_H, SEG_WARPS, plan_segments
 from h3kernels.qk_norm_rope import qk_norm_rope
 
 # Row-wise kernels hold a whole row (BLOCK_H = next_pow2(H); 8192 for H=5376) and `row_tile` rows per program.
@@ -205,7 +205,7 @@ def _rms_bwd(dy, x, weight, table, idx, rstd, shift_off, scale_off, need_x, need
         pq = new_empty((nc, R, H), torch.float32, x.device) if has_mod else pp
         grid = (nc, triton.cdiv(H, SEG_BLOCK_H))
         _rms_bwd_partials_kernel[grid](dy, x, rstd, ix, pp, pq, S, H, R, HAS_MOD=has_mod, CHUNK_S=chunk,
-                                       TILE_S=tile, BLOCK_H=SEG_BLOCK_H, BLOCK_R=block_r, num_warps=4)
+                                       TILE_S=tile, BLOCK_H=SEG_BLOCK_H, BLOCK_R=block_r, num_warps=SEG_WARPS)
         d_weight = new_empty((H,), weight.dtype, x.device)
         # Chunks other than shift/scale get exact zeros (this op does not read them).
         d_table = torch.zeros_like(table) if has_mod else None

@@ -36,7 +36,7 @@ from h3kernels._common import (
     is_interpreting,
     new_empty,
 )
-from h3kernels.modulation import SEG_BLOCK_H, finish_segments, plan_segments
+from h3kernels.modulation import SEG_BLOCK_H, SEG_WARPS, finish_segments, plan_segments
 
 # Elementwise tiles: 4096 values per program, 32 per thread at 4 warps (four 16 B bf16 vectors per operand);
 # the interpreter takes 4x larger tiles so fewer Python-level programs run.
@@ -131,7 +131,7 @@ def _gated_bwd(dy, branch, table, idx, gate_off, need_db, need_t):
     grid = (nc, triton.cdiv(H, SEG_BLOCK_H))
     _gated_bwd_kernel[grid](dy, branch, table, idx, db if need_db else partials, partials, S, H, R, table.stride(0),
                             gate_off, NEED_DB=need_db, CHUNK_S=chunk, TILE_S=tile, BLOCK_H=SEG_BLOCK_H,
-                            BLOCK_R=block_r, num_warps=4)
+                            BLOCK_R=block_r, num_warps=SEG_WARPS)
     d_table = None
     if need_t:
         # Chunks other than the gate get exact zeros (this op does not read them).

@@ -7,7 +7,7 @@ import torch
 
 from h3kernels import modulation, norm
 from h3kernels import reference as ref
-from h3kernels._common import KernelInputError
+from h3kernels._common import KernelInputError, new_empty, poisoned_outputs
 from tests.kernels.harness import (
     DEVICE,
     assert_close,
@@ -163,6 +163,13 @@ def test_adaln_table_timesteps_independent():
 
 
 # ------------------------------------------------------------------------------------------- validation
+
+def test_poisoned_outputs_poison_every_buffer():
+    with poisoned_outputs():
+        assert torch.isnan(new_empty((3, 5), torch.bfloat16, DEVICE)).all()
+        assert (new_empty((4,), torch.int64, DEVICE) == torch.iinfo(torch.int64).max).all()
+    assert not torch.isnan(new_empty((2,), torch.float32, DEVICE).fill_(0)).any()
+
 
 def test_adaln_table_rejects():
     (temb, w, b, _), _ = adaln_args(2, 16, 8, 6, torch.bfloat16)

@@ -1,0 +1,120 @@
+"""Every kernel of the norm/modulation/residual/swiglu ops compiles for sm_90 (H200) with its GPU launch constants,
+without register spills, on a machine with no GPU.
+
+The interpreter never runs the Triton compiler, so a kernel that interprets fine can still fail to compile. Triton
+compiles to a cubin without a driver (it ships ptxas); cuobjdump reports registers and stack. The compile runs in
+a subprocess because TRITON_INTERPRET (set by conftest.py here) is read when the kernels are decorated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = r'''
+import json, os, re, subprocess, sys, warnings
+warnings.filterwarnings("ignore")
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from h3kernels import modulation as M, norm as N, qk_norm_rope as Q, residual as Rz, swiglu as W
+from h3kernels._common import num_warps_for, row_tile
+
+target = GPUTarget("cuda", 90, 32)
+objdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+out = {}
+
+def comp(name, fn, ptrs, const, warps):
+    sig = {a: "constexpr" if a in const else "*" + ptrs[a] if a in ptrs else "fp32" if a == "eps" else "i32"
+           for a in fn.arg_names}
+    try:
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=target,
+                           options={"num_warps": warps})
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        out[name] = {"error": f"{type(e).__name__}: {str(e)[:1500]}"}
+        return
+    path = os.path.join(os.environ["OUT_DIR"], name.replace(" ", "_") + ".cubin")
+    with open(path, "wb") as f:
+        f.write(k.asm["cubin"])
+    usage = subprocess.run([objdump, "--dump-resource-usage", path], capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+).*?STACK:(\d+)", usage)
+    out[name] = {"regs": int(m.group(1)), "stack": int(m.group(2))} if m else {"error": "no resource usage"}
+
+bh = 8192  # H=5376
+bs = row_tile(bh)
+seg = dict(CHUNK_S=256, TILE_S=M.SEG_TILE_S, BLOCK_H=M.SEG_BLOCK_H, BLOCK_R=16)
+for wd in ("bf16", "fp32"):
+    comp(f"adaln_fwd {wd}", M._adaln_fwd_kernel, dict(temb_ptr="fp32", w_ptr=wd, b_ptr=wd, out_ptr="fp32"),
+         dict(BLOCK_T=4, BLOCK_C=M.GEMV_BLOCK_C, BLOCK_E=M.GEMV_BLOCK_E), M.GEMV_WARPS)
+    comp(f"adaln_dtemb {wd}", M._adaln_bwd_temb_partial_kernel, dict(w_ptr=wd, dtab_ptr="fp32", part_ptr="fp32"),
+         dict(BLOCK_T=4, BLOCK_C=M.GEMV_BLOCK_C, BLOCK_E=M.GEMV_BLOCK_E), M.GEMV_WARPS)
+    comp(f"adaln_dweight {wd}", M._adaln_bwd_weight_kernel,
+         dict(temb_ptr="fp32", dtab_ptr="fp32", dw_ptr=wd, db_ptr=wd),
+         dict(BLOCK_C=M.DW_BLOCK_C, BLOCK_E=M.DW_BLOCK_E), 4)
+    comp(f"segment_partials {wd}", M._segment_partials_kernel, dict(val_ptr=wd, idx_ptr="i64", part_ptr="fp32"), seg,
+         M.SEG_WARPS)
+    for silu in (True, False):
+        comp(f"finish silu={silu} {wd}", M._finish_kernel, dict(part_ptr="fp32", out_ptr=wd, aux_ptr="fp32"),
+             dict(SILU_GRAD=silu, BLOCK_P=M.FINISH_BLOCK_P, BLOCK_N=M.FINISH_BLOCK_N), 4)
+    for mod in (True, False):
+        comp(f"rms_fwd mod={mod} {wd}", N._rms_fwd_kernel,
+             dict(x_ptr=wd, w_ptr=wd, tab_ptr="fp32", idx_ptr="i64", y_ptr=wd, rstd_ptr="fp32"),
+             dict(HAS_MOD=mod, BLOCK_S=bs, BLOCK_H=bh), num_warps_for(bs * bh))
+        comp(f"rms_dx mod={mod} {wd}", N._rms_bwd_dx_kernel,
+             dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, tab_ptr="fp32", idx_ptr="i64", rstd_ptr="fp32", dx_ptr=wd),
+             dict(HAS_MOD=mod, BLOCK_S=bs, BLOCK_H=bh), num_warps_for(bs * bh))
+        comp(f"rms_partials mod={mod} {wd}", N._rms_bwd_partials_kernel,
+             dict(dy_ptr=wd, x_ptr=wd, rstd_ptr="fp32", idx_ptr="i64", pp_ptr="fp32", pq_ptr="fp32"),
+             dict(HAS_MOD=mod, **seg), M.SEG_WARPS)
+        comp(f"rms_finish mod={mod} {wd}", N._rms_bwd_finish_kernel,
+             dict(pp_ptr="fp32", pq_ptr="fp32", w_ptr=wd, tab_ptr="fp32", dw_ptr=wd, dtab_ptr="fp32"),
+             dict(HAS_MOD=mod, BLOCK_P=M.FINISH_BLOCK_P, BLOCK_H=N.FINISH_BLOCK_H), 4)
+    for rope in (True, False):
+        qk = dict(HAS_ROPE=rope, BLOCK_ROWS=Q.QK_BLOCK_ROWS, BLOCK_D=128)
+        comp(f"qk_fwd rope={rope} {wd}", Q._qk_fwd_kernel,
+             dict(x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", y_ptr=wd, rstd_ptr="fp32"), qk, Q.QK_WARPS)
+        comp(f"qk_bwd rope={rope} {wd}", Q._qk_bwd_kernel,
+             dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", rstd_ptr="fp32", dx_ptr=wd,
+                  pw_ptr="fp32"), qk, Q.QK_WARPS)
+    bs_e, bh_e, _ = Rz._elem_plan(4096, 5376)
+    comp(f"gated_fwd {wd}", Rz._gated_fwd_kernel, dict(x_ptr=wd, b_ptr=wd, tab_ptr="fp32", idx_ptr="i64", y_ptr=wd),
+         dict(BLOCK_S=bs_e, BLOCK_H=bh_e), 4)
+    for need in (True, False):
+        comp(f"gated_bwd db={need} {wd}", Rz._gated_bwd_kernel,
+             dict(dy_ptr=wd, b_ptr=wd, tab_ptr="fp32", idx_ptr="i64", db_ptr=wd, part_ptr="fp32"),
+             dict(NEED_DB=need, **seg), M.SEG_WARPS)
+    comp(f"add {wd}", Rz._add_kernel, dict(x_ptr=wd, b_ptr=wd, y_ptr=wd), dict(BLOCK=Rz.ADD_BLOCK), 4)
+    bs_f, bf_f, _ = W._plan(4096, 14336)
+    comp(f"swiglu_fwd {wd}", W._swiglu_fwd_kernel, dict(p_ptr=wd, y_ptr=wd), dict(BLOCK_S=bs_f, BLOCK_F=bf_f), 4)
+    comp(f"swiglu_bwd {wd}", W._swiglu_bwd_kernel, dict(dy_ptr=wd, p_ptr=wd, dp_ptr=wd),
+         dict(BLOCK_S=bs_f, BLOCK_F=bf_f), 4)
+print(json.dumps(out))
+'''
+
+
+def _nvidia_tools() -> bool:
+    try:
+        import triton
+    except ImportError:
+        return False
+    return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump"))
+
+
+@pytest.mark.skipif(not _nvidia_tools(), reason="triton's NVIDIA backend tools (ptxas, cuobjdump) are not installed")
+def test_kernels_compile_for_sm90_without_spills(tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "0", "OUT_DIR": str(tmp_path), "PYTHONPATH": str(ROOT),
+           "TRITON_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    errors = {k: v["error"] for k, v in report.items() if "error" in v}
+    assert not errors, errors
+    spills = {k: v for k, v in report.items() if v["stack"]}
+    assert not spills, f"kernels with stack (register spills) at their GPU launch constants: {spills}"
