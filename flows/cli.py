@@ -1,0 +1,190 @@
+"""The ``h3gate`` command (typer, as Prefect's own CLI uses).
+
+Exit codes: 0 success (or pass), 1 a numerical fail (gates), 2 any error, printed as one line that
+names the object at fault. Store options: ``--store URL`` / ``$H3GATE_STORE`` and
+``--storage-options JSON`` / ``$H3GATE_STORAGE_OPTIONS`` (never echoed: they may hold secrets).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+# Before Prefect is imported: the ephemeral API's first start on a fresh home takes ~19 s, close to
+# the 20 s default timeout, and telemetry only produces DNS errors on closed networks.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+app = typer.Typer(
+    help="h3gate: qualify MiniMax-H3 candidate kernels against the diffusers reference, with evidence.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+T = TypeVar("T")
+
+StoreOpt = Annotated[str | None, typer.Option("--store", help="Store URL; default $H3GATE_STORE or ./h3store")]
+OptionsOpt = Annotated[
+    str | None,
+    typer.Option("--storage-options", help="fsspec storage options as JSON (default $H3GATE_STORAGE_OPTIONS)"),
+]
+PresetOpt = Annotated[str, typer.Option("--preset", help="tiny | small | block | full")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N")]
+SetOpt = Annotated[
+    list[str] | None, typer.Option("--set", help="Preset override key=value (model config or sample field); repeatable")
+]
+CheckpointOpt = Annotated[
+    str | None, typer.Option("--checkpoint", help="Real checkpoint: diffusers folder or .safetensors (path or URL)")
+]
+CaptureOpt = Annotated[str, typer.Option("--capture", help="blocks (default) or nodes")]
+ProvidersOpt = Annotated[str | None, typer.Option("--providers", help="Comma-separated BF16 providers")]
+
+
+def _run(body: Callable[[], T]) -> T:
+    """Run a command body: any failure becomes one line on stderr and exit code 2."""
+    try:
+        return body()
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt:
+        typer.echo("error: interrupted; rerun the same command to resume (present blobs are skipped)", err=True)
+        raise typer.Exit(2) from None
+    except Exception as exc:  # noqa: BLE001 - the CLI's contract is one line and exit 2 for every error
+        typer.echo(f"error: {type(exc).__name__}: {_one_line(exc)}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:500] if text else repr(exc)
+
+
+def _apply_storage_options(storage_options: str | None) -> None:
+    """Hand storage options to the store through the environment, never as flow parameters."""
+    if storage_options is None:
+        return
+    try:
+        parsed = json.loads(storage_options)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--storage-options is not valid JSON ({exc.msg} at position {exc.pos})") from None
+    if not isinstance(parsed, dict):
+        raise ValueError("--storage-options must be a JSON object")
+    os.environ["H3GATE_STORAGE_OPTIONS"] = storage_options
+
+
+def _store(store: str | None, storage_options: str | None) -> Any:
+    from tasks.store import Store
+
+    _apply_storage_options(storage_options)
+    return Store.from_env(store)
+
+
+def _common(store: str | None, preset: str, overrides: list[str] | None, device: str, checkpoint: str | None,
+            capture: str) -> dict[str, Any]:
+    from tasks.model import parse_overrides
+
+    return dict(store=store, preset=preset, overrides=parse_overrides(overrides), device=device,
+                checkpoint=checkpoint, capture=capture)
+
+
+def _split(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+@app.command()
+def reference(
+    preset: PresetOpt = "tiny",
+    store: StoreOpt = None,
+    storage_options: OptionsOpt = None,
+    device: DeviceOpt = "cpu",
+    providers: ProvidersOpt = None,
+    overrides: SetOpt = None,
+    checkpoint: CheckpointOpt = None,
+    capture: CaptureOpt = "blocks",
+    force: Annotated[bool, typer.Option("--force", help="Re-capture runs the store already holds")] = False,
+) -> None:
+    """Make (or reuse) the FP32 + BF16-provider reference of a preset and store it, hashed."""
+
+    def body() -> None:
+        from flows.console import console_progress
+        from flows.reference import ReferenceParams, reference_flow
+
+        _apply_storage_options(storage_options)
+        params = ReferenceParams(**_common(store, preset, overrides, device, checkpoint, capture),
+                                 providers=_split(providers), force=force)
+        with console_progress():
+            info = reference_flow(params)
+        typer.echo(f"reference {info.reference_id}  (inventory sha256 {info.inventory_sha})")
+        typer.echo(f"  fp32      {info.fp32_run}")
+        for name, run in info.provider_runs.items():
+            typer.echo(f"  {name:<9} {run}")
+
+    _run(body)
+
+
+@app.command()
+def verify(
+    run: Annotated[str | None, typer.Option("--run", help="Run id (default: every run in the store)")] = None,
+    store: StoreOpt = None,
+    storage_options: OptionsOpt = None,
+) -> None:
+    """Re-hash every blob of a run (or of every run) and report missing or tampered blobs."""
+
+    def body() -> None:
+        s = _store(store, storage_options)
+        runs = [run] if run else s.list_runs()
+        if not runs:
+            raise LookupError(f"the store {s.url} holds no runs")
+        bad = None
+        for run_id in runs:
+            report = s.verify_run(run_id)
+            status = "ok" if report.ok else "FAILED"
+            typer.echo(f"{status:<6} {run_id}  ({report.checked} blobs)")
+            if not report.ok and bad is None:
+                bad = report
+        if bad is not None:
+            bad.raise_for_errors()
+
+    _run(body)
+
+
+@app.command()
+def diff(
+    run_a: Annotated[str, typer.Argument(help="First run id")],
+    run_b: Annotated[str, typer.Argument(help="Second run id")],
+    store: StoreOpt = None,
+    storage_options: OptionsOpt = None,
+    show: Annotated[int, typer.Option("--show", help="How many differing tensors to list")] = 20,
+) -> None:
+    """Compare two runs name by name: byte-identical blobs, and relative_l2/max_abs for the rest."""
+
+    def body() -> None:
+        from tasks.compare import diff_runs
+
+        result = diff_runs(_store(store, storage_options), run_a, run_b)
+        typer.echo(f"{result.identical} identical, {len(result.differing)} differing, "
+                   f"{len(result.only_a)} only in {run_a}, {len(result.only_b)} only in {run_b}")
+        for cmp in result.differing[:show]:
+            typer.echo(f"  {cmp.name:<70} rel_l2 {cmp.relative_l2:.3e}  max_abs {cmp.max_abs:.3e}")
+        for name in result.only_a[:show]:
+            typer.echo(f"  only in A: {name}")
+        for name in result.only_b[:show]:
+            typer.echo(f"  only in B: {name}")
+
+    _run(body)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="h3gate")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

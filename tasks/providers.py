@@ -1,0 +1,226 @@
+"""Providers: named, recorded configurations under which the reference model runs.
+
+A provider fixes the diffusers attention backend, the BLAS library, the TF32 and reduced-precision
+reduction flags, oneDNN and the thread count. ``activate(provider)`` applies it for the duration of
+a ``with`` block, restores every setting afterwards, and yields what was *actually* in force (read
+back from torch, not copied from the request), so a run records requested and actual side by side.
+
+A provider that cannot run on this machine raises ``ProviderUnavailable`` with the reason; it is
+never silently replaced by another.
+
+CUDA set: ``default`` (native SDPA, cuBLAS), ``flash``, ``efficient``, ``cudnn``, ``math``
+(the diffusers backends of the same names) and ``cublaslt`` (native SDPA on cuBLASLt).
+CPU set (real BF16 spread, measured on the tiny preset): ``cpu-default`` (native SDPA: the
+flash-CPU kernel), ``cpu-math`` (math SDPA), ``cpu-no-onednn`` (oneDNN off: ATen's own BF16 GEMMs),
+``cpu-math-no-onednn``; ``cpu-1thread`` (one thread) runs by name only.
+The FP32 reference runs under ``fp32`` (native SDPA, TF32 off, highest matmul precision).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import platform
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+class ProviderUnavailable(RuntimeError):
+    """A provider cannot run here; the message names it and says why."""
+
+
+@dataclass(frozen=True)
+class Provider:
+    """One provider configuration (what is requested)."""
+
+    name: str
+    device_type: str  # "cuda" or "cpu"
+    attention_backend: str = "native"
+    blas: str | None = None  # torch.backends.cuda.preferred_blas_library: "cublas" | "cublaslt"
+    allow_tf32: bool = False
+    reduced_precision_reduction: bool = True  # torch's default for BF16 GEMMs on CUDA
+    onednn: bool = True
+    threads: int | None = None
+    description: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+FP32_CUDA = Provider("fp32", "cuda", description="FP32 reference: native SDPA, TF32 off")
+FP32_CPU = Provider("fp32", "cpu", description="FP32 reference: native SDPA")
+
+CUDA_PROVIDERS: dict[str, Provider] = {
+    p.name: p
+    for p in (
+        Provider("default", "cuda", blas="cublas", description="native SDPA (torch picks the kernel), cuBLAS"),
+        Provider("flash", "cuda", "_native_flash", "cublas", description="SDPA flash-attention kernel"),
+        Provider("efficient", "cuda", "_native_efficient", "cublas", description="SDPA memory-efficient kernel"),
+        Provider("cudnn", "cuda", "_native_cudnn", "cublas", description="SDPA cuDNN kernel"),
+        Provider("math", "cuda", "_native_math", "cublas", description="SDPA math (unfused) attention"),
+        Provider("cublaslt", "cuda", "native", "cublaslt", description="native SDPA, GEMMs on cuBLASLt"),
+    )
+}
+CPU_PROVIDERS: dict[str, Provider] = {
+    p.name: p
+    for p in (
+        Provider("cpu-default", "cpu", description="native SDPA (flash-CPU kernel), oneDNN GEMMs"),
+        Provider("cpu-math", "cpu", "_native_math", description="math SDPA, oneDNN GEMMs"),
+        Provider("cpu-no-onednn", "cpu", onednn=False, description="native SDPA, ATen GEMMs (oneDNN off)"),
+        Provider("cpu-math-no-onednn", "cpu", "_native_math", onednn=False, description="math SDPA, ATen GEMMs"),
+    )
+}
+# Thread count is a provider knob too, but on the tiny preset one thread was byte-identical to the
+# default on 103 of 104 tensors: it is available by name and left out of the default set.
+CPU_EXTRA_PROVIDERS: dict[str, Provider] = {
+    "cpu-1thread": Provider("cpu-1thread", "cpu", threads=1, description="native SDPA, oneDNN, one thread"),
+}
+# The provider whose error defines the single-provider bound (kept as a record).
+DEFAULT_PROVIDER = {"cuda": "default", "cpu": "cpu-default"}
+
+
+def device_type_of(device: str | torch.device) -> str:
+    return torch.device(device).type
+
+
+def provider_set(device: str | torch.device) -> dict[str, Provider]:
+    return CUDA_PROVIDERS if device_type_of(device) == "cuda" else CPU_PROVIDERS
+
+
+def fp32_provider(device: str | torch.device) -> Provider:
+    return FP32_CUDA if device_type_of(device) == "cuda" else FP32_CPU
+
+
+def resolve_providers(names: list[str] | None, device: str | torch.device) -> list[Provider]:
+    """The requested providers for ``device`` (all of its set when ``names`` is empty)."""
+    available = provider_set(device)
+    if not names:
+        return list(available.values())
+    if device_type_of(device) == "cpu":
+        available = {**available, **CPU_EXTRA_PROVIDERS}
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise ProviderUnavailable(
+            f"unknown provider(s) {', '.join(unknown)} for device type {device_type_of(device)}; "
+            f"choose from {', '.join(available)}"
+        )
+    return [available[n] for n in names]
+
+
+def check_available(provider: Provider, device: str | torch.device) -> None:
+    """Raise ``ProviderUnavailable`` (with the reason) if ``provider`` cannot run on ``device``."""
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    kind = device_type_of(device)
+    if provider.device_type != kind:
+        raise ProviderUnavailable(f"provider {provider.name} is a {provider.device_type} provider; device is {kind}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ProviderUnavailable(f"provider {provider.name} needs CUDA, which is not available")
+    if provider.attention_backend not in _AttentionBackendRegistry._backends:
+        raise ProviderUnavailable(
+            f"provider {provider.name}: diffusers has no attention backend {provider.attention_backend}"
+        )
+    if provider.blas == "cublaslt" and torch.version.hip:
+        raise ProviderUnavailable(f"provider {provider.name}: cuBLASLt selection is CUDA-only")
+
+
+@contextlib.contextmanager
+def activate(provider: Provider, device: str | torch.device) -> Iterator[dict[str, Any]]:
+    """Apply ``provider`` for the block; yield the actual configuration; restore everything after."""
+    from diffusers.models.attention_dispatch import attention_backend
+
+    check_available(provider, device)
+    saved = _snapshot()
+    try:
+        torch.backends.mkldnn.enabled = provider.onednn
+        if provider.threads is not None:
+            torch.set_num_threads(provider.threads)
+        torch.backends.cuda.matmul.allow_tf32 = provider.allow_tf32
+        torch.backends.cudnn.allow_tf32 = provider.allow_tf32
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = provider.reduced_precision_reduction
+        torch.set_float32_matmul_precision("high" if provider.allow_tf32 else "highest")
+        if provider.blas is not None and device_type_of(device) == "cuda":
+            torch.backends.cuda.preferred_blas_library(provider.blas)
+        with attention_backend(provider.attention_backend):
+            yield actual_configuration(provider, device)
+    finally:
+        _restore(saved)
+
+
+def _snapshot() -> dict[str, Any]:
+    state = {
+        "onednn": torch.backends.mkldnn.enabled,
+        "threads": torch.get_num_threads(),
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "bf16_rpr": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "fp32_precision": torch.get_float32_matmul_precision(),
+    }
+    if torch.cuda.is_available():
+        state["blas"] = torch.backends.cuda.preferred_blas_library()
+    return state
+
+
+def _restore(state: dict[str, Any]) -> None:
+    torch.backends.mkldnn.enabled = state["onednn"]
+    torch.set_num_threads(state["threads"])
+    torch.backends.cuda.matmul.allow_tf32 = state["tf32_matmul"]
+    torch.backends.cudnn.allow_tf32 = state["tf32_cudnn"]
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = state["bf16_rpr"]
+    torch.set_float32_matmul_precision(state["fp32_precision"])
+    if "blas" in state:
+        torch.backends.cuda.preferred_blas_library(state["blas"])
+
+
+def actual_configuration(provider: Provider, device: str | torch.device) -> dict[str, Any]:
+    """What is in force right now, read back from torch and diffusers."""
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    actual: dict[str, Any] = {
+        "attention_backend": str(_AttentionBackendRegistry.get_active_backend()[0].value),
+        "onednn": bool(torch.backends.mkldnn.enabled),
+        "threads": torch.get_num_threads(),
+        "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "reduced_precision_reduction": bool(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+    if device_type_of(device) == "cuda":
+        actual["blas"] = str(torch.backends.cuda.preferred_blas_library()).split(".")[-1].lower()
+        actual["cudnn_version"] = torch.backends.cudnn.version()
+    return actual
+
+
+def library_versions() -> dict[str, Any]:
+    """Versions that decide the numbers of a run (recorded in run metadata)."""
+    import diffusers
+
+    versions: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "diffusers": diffusers.__version__,
+        "cuda": torch.version.cuda,
+    }
+    try:
+        import triton
+
+        versions["triton"] = triton.__version__
+    except ImportError:  # triton is optional on CPU-only installs of torch
+        versions["triton"] = None
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        versions["h3gate"] = version("h3gate")
+    except PackageNotFoundError:
+        versions["h3gate"] = "source"
+    return versions
+
+
+def device_name(device: str | torch.device) -> str:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return platform.processor() or platform.machine()

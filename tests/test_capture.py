@@ -1,0 +1,100 @@
+"""Capture: names, execution order, determinism, streaming into the store, reuse and resume."""
+
+from __future__ import annotations
+
+import torch
+
+from tasks import model as model_lib
+from tasks.capture import captured_modules, run_capture
+from tasks.providers import CPU_PROVIDERS, FP32_CPU, activate
+from tasks.reference import capture_reference_run
+
+
+def _capture(model, sample, **kwargs):
+    seen: dict[str, tuple[str, int, torch.Tensor]] = {}
+
+    def sink(name, kind, order, tensor):
+        assert name not in seen, f"{name} captured twice"
+        seen[name] = (kind, order, tensor.clone())
+
+    with activate(FP32_CPU, "cpu"):
+        result = run_capture(model, sample, sink, device="cpu", **kwargs)
+    return result, seen
+
+
+def test_names_and_execution_order(tiny_model, tiny_sample):
+    result, seen = _capture(tiny_model, tiny_sample, golden_inputs=True)
+    params = [n for n, _ in tiny_model.named_parameters()]
+    grads = [n for n in result.names if n.startswith("grad/")]
+    assert sorted(grads) == sorted(f"grad/{p}" for p in params)  # every parameter exactly once
+    orders = [order for _, _, order in result.entries]
+    assert orders == list(range(len(orders)))
+    last_forward = max(o for n, k, o in result.entries if k in ("fwd", "out", "in"))
+    first_backward = min(o for n, k, o in result.entries if k in ("bwd", "grad", "dinput"))
+    assert last_forward < first_backward
+    names = result.names
+    # forward order is real execution order, not name order
+    assert names.index("fwd/transformer_blocks.0") < names.index("fwd/transformer_blocks.1")
+    assert names.index("fwd/token_refiner") < names.index("fwd/transformer_blocks.0") < names.index("fwd/norm_out")
+    # backward runs the other way round
+    assert names.index("bwd/transformer_blocks.2") < names.index("bwd/transformer_blocks.0")
+    assert names.index("grad/proj_out.weight") < names.index("grad/transformer_blocks.0.norm1.weight")
+    assert {"out/sample", "out/audio_sample", "dinput/hidden_states", "dinput/encoder_hidden_states"} <= set(names)
+    assert "in/transformer_blocks.0/temb" in names
+    # the block's input gradient is what the previous block's output received
+    assert seen["bwd/transformer_blocks.1"][2].shape == seen["fwd/transformer_blocks.0"][2].shape
+
+
+def test_capture_is_deterministic(tiny_model, tiny_sample):
+    first, a = _capture(tiny_model, tiny_sample)
+    second, b = _capture(tiny_model, tiny_sample)
+    assert first.entries == second.entries
+    assert all(torch.equal(a[n][2], b[n][2]) for n in a)
+
+
+def test_node_granularity_adds_inner_modules(tiny_model, tiny_sample):
+    blocks = set(captured_modules(tiny_model, "blocks"))
+    nodes = set(captured_modules(tiny_model, "nodes"))
+    assert blocks < nodes
+    assert "transformer_blocks.1.attn.to_q" in nodes and "transformer_blocks.1.ff.net.1" not in nodes
+    result, _ = _capture(tiny_model, tiny_sample, granularity="nodes")
+    assert "fwd/transformer_blocks.1.attn.norm_q" in result.names
+    assert "bwd/token_refiner.refiner_blocks.0.ff.net.0.proj" in result.names
+
+
+def test_reference_run_streams_dedupes_and_is_byte_identical(store, tiny, tiny_checkpoint, tiny_sample_sha):
+    provider = CPU_PROVIDERS["cpu-math"]
+    first = capture_reference_run(store, tiny, tiny_checkpoint, tiny_sample_sha, provider, "bfloat16", "cpu")
+    assert not first.reused and first.new_bytes > 0
+    manifest = store.read_manifest(first.run_id)
+    assert manifest["identity"]["provider"]["name"] == "cpu-math"
+    assert "host" in manifest["metadata"] and "host" not in manifest["identity"]
+    assert manifest["metadata"]["provider_actual"]["attention_backend"] == "_native_math"
+    # a reused run costs nothing
+    reused = capture_reference_run(store, tiny, tiny_checkpoint, tiny_sample_sha, provider, "bfloat16", "cpu")
+    assert reused.reused and reused.run_id == first.run_id and reused.manifest_sha == first.manifest_sha
+    # regenerating it from scratch gives byte-identical blobs: zero new bytes
+    forced = capture_reference_run(store, tiny, tiny_checkpoint, tiny_sample_sha, provider, "bfloat16", "cpu",
+                                   force=True)
+    assert forced.new_bytes == 0
+    again = store.read_manifest(first.run_id)["tensors"]
+    assert {n: r["sha256"] for n, r in again.items()} == {n: r["sha256"] for n, r in manifest["tensors"].items()}
+    assert store.verify_run(first.run_id).ok
+
+
+def test_bf16_providers_really_differ(store, tiny, tiny_checkpoint, tiny_sample_sha):
+    runs = {
+        name: capture_reference_run(store, tiny, tiny_checkpoint, tiny_sample_sha, CPU_PROVIDERS[name], "bfloat16",
+                                    "cpu")
+        for name in ("cpu-default", "cpu-math", "cpu-no-onednn")
+    }
+    hashes = {
+        name: store.read_manifest(info.run_id)["tensors"]["grad/transformer_blocks.1.attn.norm_q.weight"]["sha256"]
+        for name, info in runs.items()
+    }
+    assert len(set(hashes.values())) == 3, hashes
+
+
+def test_model_fixture_is_float32(tiny_model):
+    assert all(p.dtype == torch.float32 for p in tiny_model.parameters())
+    assert model_lib.GRAD_INPUTS == ("hidden_states", "audio_hidden_states", "encoder_hidden_states")
