@@ -42,8 +42,7 @@ from h3kernels._common import KernelInputError, cast_rne, is_interpreting, new_e
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Tuned constants. Starting points from the search space of Triton's fused-attention tutorial (FA2 on Hopper), picked
-# by hand so registers and shared memory fit an H200 SM; to be retuned there with bench/attention.py. Override any
+# Tuned constants: spill-free starting points, to be retuned for speed on the H200 with bench/attention.py. Override any
 # field without editing this file: H3KERNELS_ATTN_CONFIG="fwd_m=128,fwd_n=128,fwd_warps=8" (applies to every D/dtype),
 # or pass ``config=AttnConfig(...)`` to ``attention``.
 # ---------------------------------------------------------------------------------------------------------------------
@@ -71,21 +70,23 @@ class AttnConfig:
                 raise KernelInputError(f"attention: config {f.name}={val} must be a power of two >= 16 (tl.dot)")
 
 
-# bf16 D=128 (the real H3 width): fwd 128x64 with 8 warps keeps the 128x128 fp32 accumulator at 64 regs/thread and
-# 3 stages of K/V (2 x 16 KiB each) in shared memory; bwd uses the tutorial's 32/128 and 128/32 tiles but 8 warps,
-# because 4 warps would hold dk+dv (2 x 128x128 fp32) in 256 regs/thread and spill. D=64/32: the tutorial's 4 warps,
-# 5 bwd stages (half the bytes per tile). float32: half-size tiles and 2 stages, since an IEEE fp32 dot runs on FMA
-# units and its tiles take twice the registers and shared memory; accuracy path, not tuned for speed.
-_BF16_D128 = AttnConfig(128, 64, 8, 3, 32, 128, 8, 3, 128, 32, 8, 3)
-_BF16_SMALL_D = AttnConfig(128, 64, 4, 3, 32, 128, 4, 5, 128, 32, 4, 5)
-_FP32 = AttnConfig(64, 32, 4, 2, 32, 64, 4, 2, 64, 32, 4, 2)
+# Picked by compiling every kernel for sm_90 on a CPU machine (triton 3.9 + ptxas, tests/kernels/test_attention.py::
+# test_kernels_compile_for_sm90_without_spills) and keeping the largest tiles with no register spills, starting from
+# the Triton fused-attention tutorial's 128x64 forward and 32x128 / 128x32 backward tiles. Registers/thread:
+# bf16 D=128: fwd 128x64/8 warps 214 (128x128 spills); dK/dV 32x64/8 warps 255 (the tutorial's 32x128 spills 88 B:
+# dk+dv are 2 x 128x128 fp32); dQ 64x64/4 warps 190 (128x32 spills 72 B). bf16 D<=64: the tutorial tiles at 8 warps
+# (<= 199; 4 warps spills). fp32 (IEEE dot on FMA units, an accuracy path): small tiles, whose register use jumps
+# erratically with the FMA layouts (64x32 fwd at 4 warps spills 7 KB), so each D keeps the variant that does not spill.
+# Stages: 3 for bf16 (K/V double-buffering plus one), 2 for the larger-per-element fp32 tiles.
+_BF16_D128 = AttnConfig(128, 64, 8, 3, 32, 64, 8, 3, 64, 64, 4, 3)
+_BF16_SMALL_D = AttnConfig(128, 64, 8, 3, 32, 128, 8, 3, 128, 32, 8, 3)
 CONFIGS: dict[tuple[int, torch.dtype], AttnConfig] = {
     (128, torch.bfloat16): _BF16_D128,
     (64, torch.bfloat16): _BF16_SMALL_D,
     (32, torch.bfloat16): _BF16_SMALL_D,
-    (128, torch.float32): _FP32,
-    (64, torch.float32): _FP32,
-    (32, torch.float32): _FP32,
+    (128, torch.float32): AttnConfig(64, 32, 8, 2, 32, 32, 8, 2, 32, 16, 8, 2),
+    (64, torch.float32): AttnConfig(64, 32, 8, 2, 32, 32, 8, 2, 32, 32, 4, 2),
+    (32, torch.float32): AttnConfig(64, 32, 8, 2, 16, 64, 8, 2, 32, 16, 8, 2),
 }
 CONFIG_ENV = "H3KERNELS_ATTN_CONFIG"
 _DELTA_M = 64  # rows per delta-preprocess program: a memory-bound row sum, the tile size barely matters

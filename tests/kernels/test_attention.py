@@ -9,6 +9,11 @@ GPU's rounding, not its tensor-core summation order. With CUDA the same small ca
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,9 +46,10 @@ TOLERANCES: dict[tuple[str, torch.dtype, str], Tol] = {
     # Scores ~ +-100 (test_peaked_scores): every fp32 rounding of a score moves p by ~1e-5 relative, and FA2 rounds
     # scores more often than torch's math path (scale folded in, base 2, P recomputed from the saved logsumexp), so
     # the bounds follow the conditioning. A missing max-subtraction gives inf/NaN and a wrong rescale O(1) errors.
-    ("attention", torch.float32, "output-peaked"): Tol(1e-5, 1e-4, 2.0, "measured 1.2e-6 relative, 0.9x torch"),
+    # fp32 atol: torch's own max error reaches 1.8e-5 of max|o| at scores ~ -160; dq's 3x cancellation gives 1.1e-4.
+    ("attention", torch.float32, "output-peaked"): Tol(1e-4, 1e-4, 2.0, "measured <= 7e-6 relative, <= 0.9x torch"),
     ("attention", torch.float32, "grad-peaked"): Tol(
-        1e-5, 1e-4, 8.0, "measured up to 8.5e-6 relative, 6.2x torch (dv: P recomputed from lse ~ 150)"),
+        3e-4, 1e-4, 8.0, "measured up to 8.5e-6 relative, 6.2x torch (dv: P recomputed from lse ~ 150)"),
     ("attention", torch.bfloat16, "output-peaked"): Tol(2**-7, 2**-8, 1.5, "measured 1.0x torch"),
     ("attention", torch.bfloat16, "grad-peaked"): Tol(
         2**-7, 2**-8, 4.0, "bf16 dS of near-one-hot rows cancels in dS K (measured 3.3x torch, up from 1.5x)"),
@@ -136,12 +142,14 @@ def test_peaked_scores(dtype: torch.dtype, config: A.AttnConfig | None) -> None:
 # numpy warns about the inf/NaN in dK/dV rows of tail keys, which the kernel computes but never stores.
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp2", "ignore:invalid value encountered in matmul")
 def test_very_negative_scores() -> None:
-    # Every score ~ -250 (base 2): a row's logsumexp is far below -128, so a tail key not masked out of the dQ
-    # kernel gets p = exp2(0 - lse) = inf and turns dq into NaN. S=100 leaves a tail tile in every kernel. fp32 only:
-    # the common component w of all keys cancels ~10x in dS K, which in bf16 measures dS rounding, not the mask.
-    q, k, v, do = _inputs((1, 100, 2, 32), torch.float32, seed=10)
-    w = torch.randn(32, generator=torch.Generator().manual_seed(11)).to(DEVICE)
-    k, q = w + 0.1 * k, -30.0 * w + 0.1 * q
+    # Every score ~ -160 (base-2 logsumexp ~ -230): a tail key not masked out of the dQ kernel gets p = exp2(0 - lse)
+    # = inf and turns dq into NaN. S=100 leaves a tail tile in every kernel. The common key component w cancels ~3x
+    # in dS K, amplifying fp32 differences between the forward's and the dQ kernel's score sums (measured 3.4x torch
+    # at the table's tiles, 1.2x when both use 16x16 tiles). fp32 only: in bf16 the same cancellation measures dS
+    # rounding, not the mask.
+    q, k, v, do = _inputs((1, 100, 2, 64), torch.float32, seed=10)
+    w = torch.randn(64, generator=torch.Generator().manual_seed(11)).to(DEVICE)
+    k, q = w + 0.2 * k, -20.0 * w + 0.2 * q
     baseline = _run(A.attention_reference, q, k, v, do)
     _assert_close(_candidate(q, k, v, do), _float64(q, k, v, do), torch.float32, baseline, "-peaked")
 
@@ -235,6 +243,72 @@ def test_rejects_cpu_tensors_without_interpreter(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(A, "_INTERPRET", False)
     with pytest.raises(KernelInputError, match="TRITON_INTERPRET=1"):
         A.attention(*(_t(device="cpu"),) * 3)
+
+
+# Compiles the table's kernels for sm_90 without a GPU (triton ships ptxas and cuobjdump), in a subprocess because
+# TRITON_INTERPRET is fixed when the kernels are decorated. Prints {name: {regs, stack, smem}} as JSON.
+_COMPILE_SCRIPT = r"""
+import json, os, re, subprocess, warnings
+warnings.filterwarnings("ignore")
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from h3kernels import attention as A
+
+objdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+out = {}
+tensors = ("Q", "K", "V", "Out", "DO", "DK", "DV", "DQ")
+for (D, dtype), cfg in A.CONFIGS.items():
+    wd = "bf16" if dtype == torch.bfloat16 else "fp32"
+    flags = dict(D=D, UPCAST=False, PREC="ieee" if wd == "fp32" else "tf32")
+    jobs = [("delta", A._attn_bwd_delta_kernel, dict(D=D, BLOCK_M=A._DELTA_M), 4, 1)]
+    for tail in (True, False):
+        f = dict(flags, TAIL=tail)
+        jobs += [(f"fwd tail={tail}", A._attn_fwd_kernel, dict(f, BLOCK_M=cfg.fwd_m, BLOCK_N=cfg.fwd_n),
+                  cfg.fwd_warps, cfg.fwd_stages),
+                 (f"dkdv tail={tail}", A._attn_bwd_dkdv_kernel, dict(f, BLOCK_M=cfg.dkdv_m, BLOCK_N=cfg.dkdv_n),
+                  cfg.dkdv_warps, cfg.dkdv_stages),
+                 (f"dq tail={tail}", A._attn_bwd_dq_kernel, dict(f, BLOCK_M=cfg.dq_m, BLOCK_N=cfg.dq_n),
+                  cfg.dq_warps, cfg.dq_stages)]
+    for kname, fn, const, warps, stages in jobs:
+        name = f"{kname} D={D} {wd}"
+        sig = {a: "constexpr" if a in const else "*fp32" if a in ("LSE", "DELTA") else "*" + wd if a in tensors
+               else "fp32" if "scale" in a else "i32" for a in fn.arg_names}
+        try:
+            k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": warps, "num_stages": stages})
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            out[name] = {"error": f"{type(e).__name__}: {str(e)[:1500]}"}
+            continue
+        path = os.path.join(os.environ["OUT_DIR"], name.replace(" ", "_").replace("=", "") + ".cubin")
+        with open(path, "wb") as fh:
+            fh.write(k.asm["cubin"])
+        usage = subprocess.run([objdump, "--dump-resource-usage", path], capture_output=True, text=True).stdout
+        m = re.search(r"REG:(\d+).*?STACK:(\d+)", usage)
+        out[name] = ({"regs": int(m.group(1)), "stack": int(m.group(2)), "smem": k.metadata.shared} if m
+                     else {"error": "no resource usage: " + usage[:500]})
+print(json.dumps(out))
+"""
+
+
+def _nvidia_tools() -> bool:
+    import triton
+
+    return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump"))
+
+
+@pytest.mark.skipif(not _nvidia_tools(), reason="triton's NVIDIA backend tools (ptxas, cuobjdump) are not installed")
+def test_kernels_compile_for_sm90_without_spills(tmp_path: Path) -> None:
+    # The interpreter never runs the Triton compiler: this is the CPU machine's check that the GPU path compiles at
+    # the table's launch constants, without register spills and within the H200's 227 KiB of shared memory per block.
+    env = {**os.environ, "TRITON_INTERPRET": "0", "OUT_DIR": str(tmp_path), "TRITON_CACHE_DIR": str(tmp_path / "c"),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not {k: v["error"] for k, v in report.items() if "error" in v}
+    assert not {k: v for k, v in report.items() if v["stack"] or v["smem"] > 227 * 1024}, report
 
 
 @pytest.mark.gpu
