@@ -29,6 +29,7 @@ Legend of shape suffixes: B batch, S sequence, NH heads, D head dim; kernels til
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -78,10 +79,9 @@ class AttnConfig:
 # (<= 199; 4 warps spills). fp32 (IEEE dot on FMA units, an accuracy path): small tiles, whose register use jumps
 # erratically with the FMA layouts (64x32 fwd at 4 warps spills 7 KB), so each D keeps the variant that does not spill.
 # Stages: 3 for bf16 (K/V double-buffering plus one), 2 for the larger-per-element fp32 tiles.
-_BF16_D128 = AttnConfig(128, 64, 8, 3, 32, 64, 8, 3, 64, 64, 4, 3)
 _BF16_SMALL_D = AttnConfig(128, 64, 8, 3, 32, 128, 8, 3, 128, 32, 8, 3)
 CONFIGS: dict[tuple[int, torch.dtype], AttnConfig] = {
-    (128, torch.bfloat16): _BF16_D128,
+    (128, torch.bfloat16): AttnConfig(128, 64, 8, 3, 32, 64, 8, 3, 64, 64, 4, 3),
     (64, torch.bfloat16): _BF16_SMALL_D,
     (32, torch.bfloat16): _BF16_SMALL_D,
     (128, torch.float32): AttnConfig(64, 32, 8, 2, 32, 32, 8, 2, 32, 16, 8, 2),
@@ -277,7 +277,6 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sq_b, sq_s, sq_h, sk_b, sk_
 # ---------------------------------------------------------------------------------------------------------------------
 # Launchers: validate, allocate (new_empty: NaN-filled inside _common.poisoned_outputs()), launch.
 # ---------------------------------------------------------------------------------------------------------------------
-
 def check_attention_inputs(q_BSND: torch.Tensor, k_BSND: torch.Tensor, v_BSND: torch.Tensor) -> None:
     """Raise KernelInputError with the actual shapes/dtypes/devices when the kernels cannot take these inputs."""
     named = {"q": q_BSND, "k": k_BSND, "v": v_BSND}
@@ -312,9 +311,8 @@ def check_attention_inputs(q_BSND: torch.Tensor, k_BSND: torch.Tensor, v_BSND: t
 
 
 def _launch_flags(dtype: torch.dtype) -> dict[str, object]:
-    upcast = _INTERPRET
     # IEEE fp32 dot for fp32 inputs (Triton defaults to TF32, ~1e-3 error); 16-bit operands ignore the flag.
-    return {"UPCAST": upcast, "PREC": "ieee" if (dtype == torch.float32 or upcast) else "tf32"}
+    return {"UPCAST": _INTERPRET, "PREC": "ieee" if (dtype == torch.float32 or _INTERPRET) else "tf32"}
 
 
 def _s3(t: torch.Tensor) -> tuple[int, int, int]:
@@ -362,10 +360,16 @@ def attention_bwd(do_BSND: torch.Tensor, q_BSND: torch.Tensor, k_BSND: torch.Ten
 # ---------------------------------------------------------------------------------------------------------------------
 # Autograd Function, public op and its pure-torch reference.
 # ---------------------------------------------------------------------------------------------------------------------
+def _on_device(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    # Triton launches on the current CUDA device, not the tensors' one: make them agree (multi-GPU hosts).
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
 class _AttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q_BSND, k_BSND, v_BSND, cfg):  # noqa: ANN001, ANN205 (autograd signature)
-        o_BSND, lse_BNS = attention_fwd(q_BSND, k_BSND, v_BSND, cfg)
+        with _on_device(q_BSND):
+            o_BSND, lse_BNS = attention_fwd(q_BSND, k_BSND, v_BSND, cfg)
         ctx.save_for_backward(q_BSND, k_BSND, v_BSND, o_BSND, lse_BNS)
         ctx.cfg = cfg
         return o_BSND
@@ -374,7 +378,8 @@ class _AttentionFn(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, do_BSND):  # noqa: ANN001, ANN205
         q_BSND, k_BSND, v_BSND, o_BSND, lse_BNS = ctx.saved_tensors
-        return (*attention_bwd(do_BSND, q_BSND, k_BSND, v_BSND, o_BSND, lse_BNS, ctx.cfg), None)
+        with _on_device(q_BSND):
+            return (*attention_bwd(do_BSND, q_BSND, k_BSND, v_BSND, o_BSND, lse_BNS, ctx.cfg), None)
 
 
 def attention(q_BSND: torch.Tensor, k_BSND: torch.Tensor, v_BSND: torch.Tensor, *,
