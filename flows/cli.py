@@ -122,9 +122,10 @@ def reference(
         with console_progress():
             info = reference_flow(params)
         typer.echo(f"reference {info.reference_id}  (inventory sha256 {info.inventory_sha})")
-        typer.echo(f"  fp32      {info.fp32_run}")
-        for name, run in info.provider_runs.items():
-            typer.echo(f"  {name:<9} {run}")
+        runs = {"fp32": info.fp32_run, "fp32-alt": info.fp32_alt_run, **info.provider_runs}
+        width = max(len(name) for name in runs)
+        for name, run in runs.items():
+            typer.echo(f"  {name:<{width}}  {run}")
 
     _run(body)
 
@@ -146,7 +147,7 @@ def verify(
         for run_id in runs:
             report = s.verify_run(run_id)
             status = "ok" if report.ok else "FAILED"
-            typer.echo(f"{status:<6} {run_id}  ({report.checked} blobs)")
+            typer.echo(f"{status:<6} {run_id}  ({report.ok_count} ok)")
             if not report.ok and bad is None:
                 bad = report
         if bad is not None:
@@ -177,6 +178,67 @@ def diff(
             typer.echo(f"  only in A: {name}")
         for name in result.only_b[:show]:
             typer.echo(f"  only in B: {name}")
+
+    _run(body)
+
+
+ReferenceOpt = Annotated[str | None, typer.Option("--reference", help="Reference id (default: the preset's current)")]
+
+
+def _echo_spread(spread: dict[str, dict[str, Any]], top: int = 5) -> None:
+    """The widest-spread tensors: where the providers disagree most."""
+    widest = sorted(spread.items(), key=lambda item: (-float(item[1]["ratio"]), item[0]))[:top]
+    typer.echo(f"widest provider spread (max/min relative_l2), top {top}:")
+    for name, row in widest:
+        typer.echo(f"  {name:<64} ratio {float(row['ratio']):8.3f}  max {float(row['max']):.3e} "
+                   f"({row['outlier']})  min {float(row['min']):.3e}")
+
+
+@app.command()
+def spread(
+    preset: PresetOpt = "tiny",
+    store: StoreOpt = None,
+    storage_options: OptionsOpt = None,
+    device: DeviceOpt = "cpu",
+    reference_id: ReferenceOpt = None,
+) -> None:
+    """Every BF16 provider against FP32, per tensor (report.json each), and their spread."""
+
+    def body() -> None:
+        from flows.spread import SpreadParams, spread_flow
+
+        _apply_storage_options(storage_options)
+        result = spread_flow(SpreadParams(store=store, preset=preset, device=device, reference_id=reference_id))
+        typer.echo(f"reference {result['reference'].reference_id}: {len(result['reports'].reports)} providers, "
+                   f"{len(result['spread'])} tensors")
+        _echo_spread(result["spread"])
+
+    _run(body)
+
+
+@app.command()
+def calibrate(
+    preset: PresetOpt = "tiny",
+    store: StoreOpt = None,
+    storage_options: OptionsOpt = None,
+    device: DeviceOpt = "cpu",
+    reference_id: ReferenceOpt = None,
+) -> None:
+    """Calibrate the ensemble rule (k by leave-one-out, floor from FP32 noise) on a stored reference."""
+
+    def body() -> None:
+        from flows.calibrate import CalibrateParams, calibrate_flow
+
+        _apply_storage_options(storage_options)
+        result = calibrate_flow(CalibrateParams(store=store, preset=preset, device=device, reference_id=reference_id))
+        rule = result["rule"].rule
+        typer.echo(f"reference {result['reference'].reference_id}")
+        typer.echo(f"k = {rule.k:.4f} (raw {rule.k_raw:.4f})   floor = {rule.floor:.3e}   [{rule.floor_method}]")
+        typer.echo("held-out worst ratios:")
+        for provider, entry in sorted(rule.leave_one_out.items()):
+            typer.echo(f"  {provider:<20} {float(entry['ratio']):8.4f}  on {entry['tensor']}")
+        _echo_spread(result["spread"])
+        typer.echo(f"ensemble-rule.json sha256 {result['rule'].rule_sha}")
 
     _run(body)
 

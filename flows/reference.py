@@ -29,10 +29,11 @@ def reference_flow(params: ReferenceParams | None = None) -> ReferenceInfo:
     checkpoint = steps.prepare_checkpoint(**common, checkpoint=params.checkpoint)
     sample_sha = steps.prepare_sample(**common)
 
-    # Runs: FP32 first, then every BF16 provider
+    # Runs: FP32 first, its rounding-noise twin, then every BF16 provider
     run = dict(common, checkpoint=checkpoint, sample_sha=sample_sha, device=params.device,
                granularity=params.capture, force=params.force)
     fp32 = steps.capture_run(**run, provider_name="fp32", dtype="float32")
+    fp32_alt = steps.capture_run(**run, provider_name="fp32-alt", dtype="float32")
     provider_runs = {name: steps.capture_run(**run, provider_name=name, dtype="bfloat16") for name in providers}
 
     # Inventory: reference-manifest.json
@@ -40,4 +41,5 @@ def reference_flow(params: ReferenceParams | None = None) -> ReferenceInfo:
     return steps.write_reference(
         **common, checkpoint=checkpoint, sample_sha=sample_sha, device=params.device, granularity=params.capture,
         fp32_run=fp32, provider_runs=provider_runs, default_provider=default if default in providers else providers[0],
+        fp32_alt_run=fp32_alt,
     )

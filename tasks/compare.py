@@ -37,6 +37,7 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -233,3 +234,29 @@ def compare_runs(
         results.append(compare_tensors(name, candidate, reference, chunk_elems=chunk_elems))
         del candidate, reference  # drop the pair before the next one is loaded
     return results
+
+
+@dataclass(frozen=True)
+class RunDiff:
+    """Two stored runs compared name by name."""
+
+    identical: int
+    differing: list[TensorComparison]
+    only_a: list[str]
+    only_b: list[str]
+
+
+def diff_runs(store: Any, run_a: str, run_b: str, *, device: str = "cpu") -> RunDiff:
+    """Byte-identical blobs are counted; the rest are compared (largest relative_l2 first)."""
+    a = store.read_manifest(run_a)["tensors"]
+    b = store.read_manifest(run_b)["tensors"]
+    common = sorted(set(a) & set(b), key=lambda n: a[n]["order"])
+    identical = sum(1 for n in common if a[n]["sha256"] == b[n]["sha256"])
+    differing = [
+        compare_tensors(n, store.get_tensor(a[n]["sha256"], name=n, device=device),
+                        store.get_tensor(b[n]["sha256"], name=n, device=device))
+        for n in common
+        if a[n]["sha256"] != b[n]["sha256"]
+    ]
+    differing.sort(key=lambda c: -c.relative_l2)
+    return RunDiff(identical, differing, sorted(set(a) - set(b)), sorted(set(b) - set(a)))

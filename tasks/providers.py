@@ -13,7 +13,8 @@ CUDA set: ``default`` (native SDPA, cuBLAS), ``flash``, ``efficient``, ``cudnn``
 CPU set (real BF16 spread, measured on the tiny preset): ``cpu-default`` (native SDPA: the
 flash-CPU kernel), ``cpu-math`` (math SDPA), ``cpu-no-onednn`` (oneDNN off: ATen's own BF16 GEMMs),
 ``cpu-math-no-onednn``; ``cpu-1thread`` (one thread) runs by name only.
-The FP32 reference runs under ``fp32`` (native SDPA, TF32 off, highest matmul precision).
+The FP32 reference runs under ``fp32`` (native SDPA, TF32 off, highest matmul precision); ``fp32-alt``
+(math SDPA, another GEMM library) measures the FP32 reference's own rounding noise for the floor.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ class Provider:
 
 FP32_CUDA = Provider("fp32", "cuda", description="FP32 reference: native SDPA, TF32 off")
 FP32_CPU = Provider("fp32", "cpu", description="FP32 reference: native SDPA")
+# A second FP32 run that differs from the reference only in rounding (another attention kernel and
+# GEMM library): its per-tensor error is the FP32 reference's own noise, from which the floor comes.
+FP32_ALT_CUDA = Provider("fp32-alt", "cuda", "_native_math", "cublaslt", description="FP32 noise run: math SDPA")
+FP32_ALT_CPU = Provider("fp32-alt", "cpu", "_native_math", onednn=False, description="FP32 noise run: math SDPA")
 
 CUDA_PROVIDERS: dict[str, Provider] = {
     p.name: p
@@ -92,6 +97,19 @@ def provider_set(device: str | torch.device) -> dict[str, Provider]:
 
 def fp32_provider(device: str | torch.device) -> Provider:
     return FP32_CUDA if device_type_of(device) == "cuda" else FP32_CPU
+
+
+def fp32_alt_provider(device: str | torch.device) -> Provider:
+    return FP32_ALT_CUDA if device_type_of(device) == "cuda" else FP32_ALT_CPU
+
+
+def resolve_provider(name: str, device: str | torch.device) -> Provider:
+    """Any provider by name: ``fp32``, ``fp32-alt`` or one of the device's BF16 providers."""
+    if name == "fp32":
+        return fp32_provider(device)
+    if name == "fp32-alt":
+        return fp32_alt_provider(device)
+    return resolve_providers([name], device)[0]
 
 
 def resolve_providers(names: list[str] | None, device: str | torch.device) -> list[Provider]:

@@ -42,6 +42,7 @@ class ReferenceInfo:
     fp32_run: str
     provider_runs: Mapping[str, str]  # provider name -> run id
     default_provider: str
+    fp32_alt_run: str | None = None  # the FP32 noise run (floor of the rule)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "provider_runs": dict(self.provider_runs)}
@@ -108,6 +109,7 @@ def inventory(
     fp32_run: RunInfo,
     provider_runs: Mapping[str, RunInfo],
     default_provider: str,
+    fp32_alt_run: RunInfo | None = None,
 ) -> dict[str, Any]:
     """The reference-manifest.json content: deterministic, no time, host or path."""
     return {
@@ -117,6 +119,8 @@ def inventory(
         "device_type": device_type_of(device),
         "granularity": granularity,
         "fp32": {"provider": fp32_provider(device).name, "run": fp32_run.run_id, "manifest": fp32_run.manifest_sha},
+        "fp32_alt": None if fp32_alt_run is None else {"run": fp32_alt_run.run_id,
+                                                       "manifest": fp32_alt_run.manifest_sha},
         "providers": {
             name: {"run": info.run_id, "manifest": info.manifest_sha} for name, info in sorted(provider_runs.items())
         },
@@ -152,6 +156,7 @@ def _info(reference_id: str, sha: str, doc: Mapping[str, Any]) -> ReferenceInfo:
         fp32_run=doc["fp32"]["run"],
         provider_runs={name: entry["run"] for name, entry in doc["providers"].items()},
         default_provider=doc["default_provider"],
+        fp32_alt_run=(doc.get("fp32_alt") or {}).get("run"),
     )
 
 
@@ -197,5 +202,5 @@ def find_reference(
     if store.read_ref("references", reference_id) is None:
         return None
     info = load_reference(store, reference_id)
-    runs = [info.fp32_run, *info.provider_runs.values()]
+    runs = [info.fp32_run, *info.provider_runs.values(), *([info.fp32_alt_run] if info.fp32_alt_run else [])]
     return info if all(store.has_manifest(run) for run in runs) else None

@@ -17,11 +17,13 @@ from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.logging import get_run_logger
 
+from tasks import calibration as calibration_lib
 from tasks import model as model_lib
 from tasks import progress as progress_lib
 from tasks import reference as reference_lib
+from tasks.calibration import ReportSet
 from tasks.capture import RunInfo
-from tasks.providers import fp32_provider, resolve_providers
+from tasks.providers import device_type_of, resolve_provider
 from tasks.store import Store, StoreUnreachable
 
 
@@ -82,7 +84,7 @@ def capture_run(
     """One reference run (forward + backward, every tensor streamed to the store)."""
     logger = get_run_logger()
     preset = model_lib.get_preset(preset_name, overrides)
-    provider = fp32_provider(device) if provider_name == "fp32" else resolve_providers([provider_name], device)[0]
+    provider = resolve_provider(provider_name, device)
     progress = _Progress(f"capture {provider_name} {dtype}")
     info = reference_lib.capture_reference_run(
         Store.from_env(store_url), preset, checkpoint, sample_sha, provider, dtype, device,
@@ -109,11 +111,13 @@ def write_reference(
     fp32_run: RunInfo,
     provider_runs: dict[str, RunInfo],
     default_provider: str,
+    fp32_alt_run: RunInfo | None = None,
 ) -> reference_lib.ReferenceInfo:
     """Write the reference-manifest.json inventory naming every run of this reference."""
     preset = model_lib.get_preset(preset_name, overrides)
     doc = reference_lib.inventory(
-        preset, checkpoint, sample_sha, device, granularity, fp32_run, provider_runs, default_provider  # type: ignore[arg-type]
+        preset, checkpoint, sample_sha, device, granularity, fp32_run, provider_runs,  # type: ignore[arg-type]
+        default_provider, fp32_alt_run,
     )
     return reference_lib.write_inventory(Store.from_env(store_url), preset, doc)
 
@@ -140,3 +144,34 @@ class _Progress:
     def finish(self) -> None:
         if self.artifact_id is not None:
             update_progress_artifact(self.artifact_id, progress=100.0)
+
+
+@task(name="resolve-reference", **STORE_RETRIES)
+def resolve_reference(
+    store_url: str | None, preset_name: str, device: str, reference_id: str | None
+) -> reference_lib.ReferenceInfo:
+    """The reference to work on: the one named, or the current one of the preset on this device type."""
+    store = Store.from_env(store_url)
+    if reference_id:
+        return reference_lib.load_reference(store, reference_id)
+    return reference_lib.current_reference(store, preset_name, device_type_of(device))
+
+
+@task(name="provider-reports", **STORE_RETRIES)
+def provider_reports(store_url: str | None, reference: reference_lib.ReferenceInfo, device: str) -> ReportSet:
+    """Every BF16 provider against FP32, tensor by tensor: report-<provider>.json (and the FP32 noise)."""
+    return calibration_lib.provider_reports(Store.from_env(store_url), reference, device=device)
+
+
+@task(name="write-spread", **STORE_RETRIES)
+def write_spread(store_url: str | None, reference: reference_lib.ReferenceInfo, reports: ReportSet) -> dict:
+    """spread.json: per tensor min/max/ratio of provider errors and the outlier."""
+    return calibration_lib.write_spread(Store.from_env(store_url), reference, reports)
+
+
+@task(name="calibrate-rule", **STORE_RETRIES)
+def calibrate_rule(
+    store_url: str | None, reference: reference_lib.ReferenceInfo, reports: ReportSet
+) -> calibration_lib.RuleFiles:
+    """Leave-one-out calibration of k; writes thresholds.json and ensemble-rule.json."""
+    return calibration_lib.write_rule(Store.from_env(store_url), reference, reports)

@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 
-import pytest
+# Before anything imports prefect or triton: an isolated Prefect home with telemetry off, and the
+# Triton interpreter on CPU-only machines (kernels then run on CPU tensors).
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="h3gate-prefect-home-"))
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
-from tests.s3_server import S3Server
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from tests.s3_server import S3Server  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[None]:
+    """A real temporary Prefect API (SQLite) for flow tests: Prefect's own test harness."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
 
 
 @pytest.fixture(scope="session")
