@@ -126,6 +126,17 @@ def test_html_states_the_verdict(page, data):
         "candidate, FAIL", "")
 
 
+def test_report_when_nothing_was_compared(data):
+    rule = rules.EnsembleRule.from_json(data["rule"])
+    order = {n: i for i, n in enumerate(inventory())}
+    v = json.loads(rules.verdict({}, rule, order, ledger_missing=["transformer_blocks.0.qkv"]).to_json())
+    page = report.build_report(v, data["provider_errors"], data["rule"], {"title": "empty candidate"})
+    body = page.split("</head>", 1)[1]
+    assert page.count(PLOTLY_MARKER) == 1 and "FAIL</div>" in body and "nothing compared" in body
+    assert "dinput/encoder_hidden_states" in body  # the missing tensors are named
+    assert report.worst_rows(v) == [] and "**FAIL**" in report.verdict_markdown(v, {}, "memory://r/report.html")
+
+
 def test_report_is_deterministic(data, page):
     again = report.build_report(data["verdict"], data["provider_errors"], data["rule"], data["identity"])
     assert again == page
@@ -186,20 +197,24 @@ def test_redaction_of_home_host_and_secrets(data, monkeypatch):
     md = report.verdict_markdown(data["verdict"], ident, "file:///tmp/x/report.html")
     assert "gpu-node-17" not in md and "/home/alice" not in md
     assert report.default_redactor("/root", "box")("/rootfs and /root/x") == "/rootfs and ~/x"
+    assert report.default_redactor("/root", "ci")("ci is too short to redact") == "ci is too short to redact"
+    plain = report.build_report(data["verdict"], data["provider_errors"], data["rule"], {"text tokens": 77})
+    assert "<td><span class=\"mono\">77</span>" in plain  # only secret-looking keys are masked
     assert report.build_report(data["verdict"], data["provider_errors"], data["rule"], ident,
                                redact=lambda s: s).count("/home/alice/ckpts") == 1  # the hook can be turned off
 
 
-def test_extra_sections_take_html_and_figures(data):
+def test_extra_sections_take_html_and_figures(data, monkeypatch):
+    monkeypatch.setattr(report.socket, "gethostname", lambda: "gpu-node-17")
     import plotly.graph_objects as go
 
     fig = go.Figure(go.Bar(x=["a", "b"], y=[1, 2]))
-    fig.update_layout(title="node drift")
+    fig.update_layout(title="node drift on gpu-node-17")
     page = report.build_report(data["verdict"], data["provider_errors"], data["rule"], data["identity"],
                                [("Diagnosis", fig), ("Self-test", "<p id='selftest'>12 of 12 checks</p>")])
     assert page.count(PLOTLY_MARKER) == 1 and page.count("Plotly.newPlot") == 4
     assert "6 · Diagnosis" in page and "7 · Self-test" in page and "<p id='selftest'>" in page
-    assert "node drift" in page
+    assert "node drift on \\u003chost\\u003e" in page or "node drift on <host>" in page  # figure text redacted
 
 
 def test_verdict_markdown(data):
