@@ -17,6 +17,7 @@ Strict mode
     the first reason as the node's `fallback`. Malformed inputs (empty, non-contiguous, mixed devices, bad index
     dtype or range) raise the kernels' KernelInputError, prefixed with "block/node: ", in both modes.
 Binding
+    blocks: the names of the modules that run the chain (bound or not, each node), in module order.
     ledger: {block_name: {node: {"forward": n, "backward": m, "fallback": reason | None}}} for bound nodes;
         forward counts candidate (or override) executions, backward counts the times autograd computed the
         gradient of that execution's output (a tensor hook on its first differentiable output).
@@ -169,16 +170,18 @@ def _kinds(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, tuple[str
     )
 
     found: dict[str, tuple[torch.nn.Module, tuple[str, ...], Callable]] = {}
+    final_norms: set[int] = set()  # the refiners' final_norm modules, named where named_modules reaches them
     for name, module in model.named_modules():
-        if isinstance(module, MiniMaxH3TransformerBlock):
+        if id(module) in final_norms:
+            found[name] = (module, ("refiner_final_norm",), _final_norm_chain)
+        elif isinstance(module, MiniMaxH3TransformerBlock):
             found[name] = (module, BLOCK_NODES, _block_chain)
         elif isinstance(module, MiniMaxH3TokenRefinerBlock):
             found[name] = (module, REFINER_NODES, _refiner_chain)
         elif isinstance(module, MiniMaxH3AdaLayerNormOut):
             found[name] = (module, ("norm_out",), _norm_out_chain)
         elif isinstance(module, MiniMaxH3TokenRefiner):
-            found[f"{name}.final_norm" if name else "final_norm"] = (module.final_norm, ("refiner_final_norm",),
-                                                                      _final_norm_chain)
+            final_norms.add(id(module.final_norm))
     return found
 
 
@@ -239,6 +242,7 @@ class Binding:
             raise ValueError(f"overrides {bad} name no bound (block, node) of this binding")
         for name, (module, _, _) in chosen.items():
             _check_module(name, module)
+        self.blocks: tuple[str, ...] = tuple(chosen)  # the modules running the chain, in module order
         self._modules = {name: module for name, (module, _, _) in chosen.items()}
         for name, (module, _, chain) in chosen.items():
             module.forward = _BoundForward(self, name, module, chain)
@@ -298,7 +302,7 @@ class Binding:
 
     def describe(self) -> dict[str, Any]:
         sha, files = _sources_sha256()
-        blocks: dict[str, list[str]] = {name: [] for name in self._modules}
+        blocks: dict[str, list[str]] = {name: [] for name in self.blocks}
         for block, node in self._entries:
             blocks[block].append(node)
         bound = {node for _, node in self._entries}
