@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -20,6 +21,12 @@ import typer
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+# Without a GPU the candidate's Triton kernels run in Triton's interpreter (read when kernels are defined).
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
 
 app = typer.Typer(
     help="h3gate: qualify MiniMax-H3 candidate kernels against the diffusers reference, with evidence.",
@@ -113,13 +120,12 @@ def reference(
     """Make (or reuse) the FP32 + BF16-provider reference of a preset and store it, hashed."""
 
     def body() -> None:
-        from flows.console import console_progress
         from flows.reference import ReferenceParams, reference_flow
 
         _apply_storage_options(storage_options)
         params = ReferenceParams(**_common(store, preset, overrides, device, checkpoint, capture),
                                  providers=_split(providers), force=force)
-        with console_progress():
+        with _console():
             info = reference_flow(params)
         typer.echo(f"reference {info.reference_id}  (inventory sha256 {info.inventory_sha})")
         runs = {"fp32": info.fp32_run, "fp32-alt": info.fp32_alt_run, **info.provider_runs}
@@ -241,6 +247,132 @@ def calibrate(
         typer.echo(f"ensemble-rule.json sha256 {result['rule'].rule_sha}")
 
     _run(body)
+
+
+NodesOpt = Annotated[str | None, typer.Option("--nodes", help="Comma-separated candidate nodes (default: all)")]
+KeepOpt = Annotated[bool, typer.Option("--keep-candidate", help="Also store the candidate's tensors")]
+
+
+def _echo_gate(result: Any) -> None:
+    """The verdict in a few lines; exit 0 on pass, 1 on a numerical fail."""
+    if result.stage == "golden":
+        typer.echo(f"FAIL at the golden tests: {', '.join(result.golden_failed[:10])}")
+        raise typer.Exit(1)
+    typer.echo(f"{'PASS' if result.passed else 'FAIL'}  gate {result.gate_id}")
+    if result.worst:
+        typer.echo(f"  worst       {result.worst['tensor']}  ({float(result.worst['ratio']):.3f} x its bound)")
+    if result.first_drift:
+        typer.echo(f"  first drift {result.first_drift['tensor']}  (order {result.first_drift['order']})")
+    if result.failures:
+        typer.echo(f"  {len(result.failures)} failing tensors, first: {', '.join(result.failures[:5])}")
+    if result.ledger_missing:
+        typer.echo(f"  candidate nodes that never ran: {', '.join(result.ledger_missing[:10])}")
+    typer.echo(f"  report      {result.report_url}")
+    if not result.passed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def gate(
+    preset: PresetOpt = "tiny",
+    store: StoreOpt = None,
+    storage_options: OptionsOpt = None,
+    device: DeviceOpt = "cpu",
+    overrides: SetOpt = None,
+    checkpoint: CheckpointOpt = None,
+    reference_id: ReferenceOpt = None,
+    nodes: NodesOpt = None,
+    keep_candidate: KeepOpt = False,
+) -> None:
+    """Gate the candidate kernels against a stored, calibrated reference. Exit 0 pass, 1 fail, 2 error."""
+
+    def body() -> None:
+        from flows.gate import GateParams, gate_flow
+
+        _apply_storage_options(storage_options)
+        params = GateParams(**_common(store, preset, overrides, device, checkpoint, "blocks"),
+                            reference_id=reference_id, nodes=_split(nodes), keep_candidate=keep_candidate)
+        with _console():
+            result = gate_flow(params)
+        _echo_gate(result)
+
+    _run(body)
+
+
+@app.command()
+def qualify(
+    preset: PresetOpt = "tiny",
+    store: StoreOpt = None,
+    storage_options: OptionsOpt = None,
+    device: DeviceOpt = "cpu",
+    providers: ProvidersOpt = None,
+    overrides: SetOpt = None,
+    checkpoint: CheckpointOpt = None,
+    capture: CaptureOpt = "blocks",
+    nodes: NodesOpt = None,
+    keep_candidate: KeepOpt = False,
+) -> None:
+    """Reference (reused if stored) -> calibrate -> gate. Exit 0 pass, 1 numerical fail, 2 error."""
+
+    def body() -> None:
+        from flows.qualify import QualifyParams, qualify_flow
+
+        _apply_storage_options(storage_options)
+        params = QualifyParams(**_common(store, preset, overrides, device, checkpoint, capture),
+                               providers=_split(providers), nodes=_split(nodes), keep_candidate=keep_candidate)
+        with _console():
+            result = qualify_flow(params)
+        _echo_gate(result)
+
+    _run(body)
+
+
+@app.command()
+def golden(
+    preset: PresetOpt = "tiny",
+    store: StoreOpt = None,
+    storage_options: OptionsOpt = None,
+    device: DeviceOpt = "cpu",
+    overrides: SetOpt = None,
+    checkpoint: CheckpointOpt = None,
+    reference_id: ReferenceOpt = None,
+    out: Annotated[str | None, typer.Option("--out", help="Also write tests.json here")] = None,
+) -> None:
+    """Block-0 golden tests: each candidate node on the exact inputs of the FP32 reference. Exit 1 on a fail."""
+
+    def body() -> None:
+        from tasks import golden as golden_lib
+        from tasks import model as model_lib
+        from tasks.reference import current_reference, load_reference
+
+        s = _store(store, storage_options)
+        preset_obj = model_lib.get_preset(preset, model_lib.parse_overrides(overrides))
+        reference = (load_reference(s, reference_id) if reference_id
+                     else current_reference(s, preset, torch_device_type(device)))
+        ckpt = (model_lib.open_real_checkpoint(s, checkpoint, preset_obj) if checkpoint
+                else model_lib.write_synthetic_checkpoint(s, preset_obj))
+        result = golden_lib.run_golden(s, reference, preset_obj, ckpt, device=device)
+        if out:
+            Path(out).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        for test in result["tests"]:
+            if test["outcome"] != "passed":
+                typer.echo(f"FAILED {test['name']}: candidate {test['candidate_relative_l2']} > limit {test['limit']}")
+        passed = sum(t["outcome"] == "passed" for t in result["tests"])
+        typer.echo(f"{passed} passed, {len(result['tests']) - passed} failed")
+        if not result["passed"]:
+            raise typer.Exit(1)
+
+    _run(body)
+
+
+def torch_device_type(device: str) -> str:
+    return device.split(":")[0]
+
+
+def _console() -> Any:
+    from flows.console import console_progress
+
+    return console_progress()
 
 
 def main() -> None:

@@ -94,7 +94,7 @@ class Preset:
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "config": dict(self.config),
+            "config": _jsonable(self.config),
             "sample": dataclasses.asdict(self.sample),
             "weight_seed": self.weight_seed,
         }

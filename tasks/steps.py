@@ -18,6 +18,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.logging import get_run_logger
 
 from tasks import calibration as calibration_lib
+from tasks import gate as gate_lib
 from tasks import model as model_lib
 from tasks import progress as progress_lib
 from tasks import reference as reference_lib
@@ -175,3 +176,122 @@ def calibrate_rule(
 ) -> calibration_lib.RuleFiles:
     """Leave-one-out calibration of k; writes thresholds.json and ensemble-rule.json."""
     return calibration_lib.write_rule(Store.from_env(store_url), reference, reports)
+
+
+@task(name="load-rule", **STORE_RETRIES)
+def load_rule(store_url: str | None, reference: reference_lib.ReferenceInfo) -> calibration_lib.RuleFiles:
+    """The calibrated ensemble rule of the reference (its hash verified)."""
+    return calibration_lib.load_rule(Store.from_env(store_url), reference.reference_id)
+
+
+@task(name="verify-evidence", **STORE_RETRIES)
+def verify_evidence(
+    store_url: str | None,
+    reference: reference_lib.ReferenceInfo,
+    rule: calibration_lib.RuleFiles,
+    checkpoint: model_lib.CheckpointRef,
+    preset_name: str,
+    overrides: dict[str, Any],
+) -> int:
+    """Re-hash every reference blob, the rule and the checkpoint before any model runs."""
+    store = Store.from_env(store_url)
+    preset = model_lib.get_preset(preset_name, overrides)
+    inventory = store.get_json(reference.inventory_sha, name=f"{reference.reference_id}/reference-manifest.json")
+    if inventory["preset"] != preset.to_json():
+        raise gate_lib.GateError(
+            f"reference {reference.reference_id} was made for preset {inventory['preset']['name']} with config "
+            f"{inventory['preset']['config']} and sample {inventory['preset']['sample']}; the gate was asked for "
+            f"{preset.to_json()}: pass the same preset and overrides, or regenerate the reference"
+        )
+    checked = gate_lib.verify_evidence(store, reference, rule, checkpoint)
+    get_run_logger().info("verified %d blobs of %s and its rule", checked, reference.reference_id)
+    return checked
+
+
+@task(name="prepare-extension")
+def prepare_extension(device: str) -> dict[str, Any]:
+    """Compile or interpret every candidate kernel once; record versions."""
+    return gate_lib.prepare_extension(device)
+
+
+@task(name="run-candidate")
+def run_candidate(
+    store_url: str | None,
+    reference: reference_lib.ReferenceInfo,
+    preset_name: str,
+    overrides: dict[str, Any],
+    checkpoint: model_lib.CheckpointRef,
+    device: str,
+    nodes: list[str] | None,
+    keep_candidate: bool,
+) -> gate_lib.CandidateRun:
+    """The strictly bound candidate, forward + backward, every tensor compared as it is produced."""
+    progress = _Progress("candidate forward+backward")
+    run = gate_lib.run_candidate(
+        Store.from_env(store_url), reference, model_lib.get_preset(preset_name, overrides), checkpoint,
+        device=device, nodes=nodes or None, keep_candidate=keep_candidate, progress=progress,
+    )
+    progress.finish()
+    return run
+
+
+@task(name="decide")
+def decide(
+    store_url: str | None,
+    reference: reference_lib.ReferenceInfo,
+    rule: calibration_lib.RuleFiles,
+    run: gate_lib.CandidateRun,
+    golden: dict[str, Any],
+) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """The verdict; writes verdict.json and ledger.json under runs/<gate_id>/."""
+    store = Store.from_env(store_url)
+    gid = gate_lib.gate_id(reference, rule, run.candidate)
+    verdict = gate_lib.decide(store, rule, run)
+    extra = {"gate_id": gid, "reference_id": reference.reference_id, "golden_passed": golden["passed"],
+             "candidate_wall_s": run.wall_s}
+    documents = gate_lib.write_gate_documents(store, gid, verdict, run, extra)
+    return gid, verdict.to_dict(), documents
+
+
+@task(name="publish-report", **STORE_RETRIES)
+def publish_report(
+    store_url: str | None,
+    gid: str,
+    verdict: dict[str, Any],
+    reference: reference_lib.ReferenceInfo,
+    rule: calibration_lib.RuleFiles,
+    identity: dict[str, Any],
+    extra_sections: list[tuple[str, Any]] | None = None,
+) -> str:
+    """The HTML drift report into the store, and the verdict/worst-tensors/report artifacts."""
+    from tasks import report as report_lib
+
+    store = Store.from_env(store_url)
+    reports = calibration_lib.provider_reports(store, reference)
+    html = report_lib.build_report(verdict, reports.errors, rule.rule.to_dict(), identity,
+                                   extra_sections=extra_sections or ())
+    url, _ = report_lib.store_report(store, html, run_id=gid)
+    report_lib.publish_artifacts(verdict, identity, url, key_prefix=f"gate-{reference.preset}-{reference.device_type}")
+    return url
+
+
+@task(name="golden-tests", **STORE_RETRIES)
+def golden_tests(
+    store_url: str | None,
+    reference: reference_lib.ReferenceInfo,
+    preset_name: str,
+    overrides: dict[str, Any],
+    checkpoint: model_lib.CheckpointRef,
+    device: str,
+) -> dict[str, Any]:
+    """Block-0 golden tests: each candidate node on the exact inputs it saw in the FP32 reference."""
+    from tasks import golden as golden_lib
+
+    store = Store.from_env(store_url)
+    result = golden_lib.run_golden(store, reference, model_lib.get_preset(preset_name, overrides), checkpoint,
+                                   device=device)
+    store.write_document(reference.reference_id, "golden-tests.json", result)
+    failed = [t["name"] for t in result["tests"] if t["outcome"] == "failed"]
+    get_run_logger().info("golden tests: %d run, %d failed%s", len(result["tests"]), len(failed),
+                          f" ({', '.join(failed[:5])})" if failed else "")
+    return result

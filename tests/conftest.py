@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 # Before anything imports prefect or triton: an isolated Prefect home with telemetry off, and the
 # Triton interpreter on CPU-only machines (kernels then run on CPU tensors).
@@ -20,7 +21,6 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from tests.s3_server import S3Server  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -33,8 +33,10 @@ def prefect_api() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
+def s3_server() -> Iterator[Any]:
     """A real S3 endpoint (moto) on 127.0.0.1 for the session, with bucket `s3_server.bucket` created."""
+    from tests.s3_server import S3Server  # moto is a dev extra: imported only by tests that use S3
+
     server = S3Server().start()
     server.create_bucket()
     yield server

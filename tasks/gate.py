@@ -1,0 +1,258 @@
+"""The candidate gate's plain steps: verify the evidence, run the bound candidate, decide.
+
+1. ``verify_evidence``: every blob of every run of the reference, the inventory, the calibrated rule,
+   the thresholds and the checkpoint are re-hashed *before any model runs*; the first bad one stops
+   the gate with its name and expected/actual hash.
+2. ``prepare_extension``: imports the candidate and runs each kernel once on tiny inputs of the
+   run's dtype and device (Triton compiles, or the interpreter is exercised), recording versions.
+3. (golden tests: ``tasks.golden``.)
+4. ``run_candidate``: loads the BF16 model, binds every candidate node strictly, runs one forward +
+   backward with the reference's sample and upstream gradients, and compares each tensor with the
+   FP32 reference *as it is produced* (``CompareSink``); candidate tensors are stored only with
+   ``keep_candidate``. The ledger must show every bound node ran forward and backward.
+5. ``decide``: the ensemble-rule verdict (worst tensor, first drift in the candidate's real
+   execution order, failures in that order), the single-provider record alongside.
+Everything the gate decides is written under ``runs/<gate_id>/`` (verdict.json, ledger.json).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tasks import rules
+from tasks.calibration import NOT_GATED_KINDS, RuleFiles, single_bounds
+from tasks.capture import DTYPES, StoreSink, run_capture
+from tasks.compare import TensorComparison, canonical_json, compare_tensors
+from tasks.model import CheckpointRef, Preset, load_model, read_sample, verify_checkpoint
+from tasks.providers import activate, resolve_provider
+from tasks.reference import INVENTORY_FILE, ReferenceInfo
+from tasks.store import Store
+
+CANDIDATE_DTYPE = "bfloat16"
+
+
+class GateError(RuntimeError):
+    """The gate cannot reach a verdict (bad evidence, mismatched configs, a node that did not run)."""
+
+
+def verify_evidence(store: Store, reference: ReferenceInfo, rule: RuleFiles, checkpoint: CheckpointRef) -> int:
+    """Re-hash everything the verdict will rest on; return the number of blobs checked."""
+    pointer = store.read_ref("references", reference.reference_id)
+    if pointer is None:
+        raise GateError(f"reference {reference.reference_id} is not in the store")
+    store.get_json(reference.inventory_sha, name=f"{reference.reference_id}/{INVENTORY_FILE}")
+    checked = 1
+    runs = [reference.fp32_run, *reference.provider_runs.values()]
+    runs += [reference.fp32_alt_run] if reference.fp32_alt_run else []
+    for run_id in runs:
+        report = store.verify_run(run_id)
+        report.raise_for_errors()
+        checked += report.ok_count
+    store.get_json(rule.rule_sha, name=f"{reference.reference_id}/ensemble-rule.json")
+    store.get_json(rule.thresholds_sha, name=f"{reference.reference_id}/thresholds.json")
+    for provider, sha in rule.reports.items():
+        store.get_json(sha, name=f"{reference.reference_id}/report-{provider}.json")
+    if rule.rule.reference_manifest_sha != store.manifest_sha(reference.fp32_run):
+        raise GateError(
+            f"the rule of {reference.reference_id} was calibrated on FP32 manifest "
+            f"{rule.rule.reference_manifest_sha}, but the reference's FP32 run now has "
+            f"{store.manifest_sha(reference.fp32_run)}: recalibrate (`h3gate calibrate`)"
+        )
+    if checkpoint.sha256 != reference.checkpoint_sha:
+        raise GateError(
+            f"checkpoint {checkpoint.sha256[:12]} is not the one the reference was made with "
+            f"({reference.checkpoint_sha[:12]}): regenerate the reference or pass its checkpoint"
+        )
+    verify_checkpoint(store, checkpoint)
+    return checked + len(rule.reports) + 2 + len(checkpoint.weights)
+
+
+def prepare_extension(device: str) -> dict[str, Any]:
+    """Compile (or interpret) every candidate kernel once on tiny inputs; return the candidate's identity."""
+    from h3kernels import attention, modulation, norm, qk_norm_rope, residual, swiglu
+
+    dev = torch.device(device)
+    dtype = DTYPES[CANDIDATE_DTYPE]
+    generator = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator).to(device=dev, dtype=dt).requires_grad_(True)
+
+    started = time.perf_counter()
+    s, h, nh, d = 8, 64, 2, 32
+    idx = torch.zeros(s, dtype=torch.long, device=dev)
+    table = modulation.adaln_table(rand(1, 16, dt=torch.float32), rand(18 * h, 16), rand(18 * h))
+    outputs = [
+        norm.rms_norm_modulate(rand(s, h), rand(h), table, idx, 0, 1, 1e-5),
+        residual.gated_residual(rand(s, h), rand(s, h), table, idx, 2),
+        norm.rms_norm(rand(s, h), rand(h), 1e-5),
+        qk_norm_rope.qk_norm_rope(rand(s, nh, d), rand(d), None, None, 1e-5),
+        swiglu.swiglu(rand(s, 2 * h)),
+        attention.attention(rand(1, s, nh, d), rand(1, s, nh, d), rand(1, s, nh, d)),
+    ]
+    sum(out.float().sum() for out in outputs).backward()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    import triton
+
+    return {"triton": triton.__version__, "torch": torch.__version__, "warm_s": round(time.perf_counter() - started, 3)}
+
+
+class CompareSink:
+    """Compares each candidate tensor with its FP32 reference the moment it is produced.
+
+    Reference tensors are read (and verified) from the store one at a time, on the run's device, so
+    the gate never holds a second copy of the model's tensors; ``keep`` also stores the candidate's.
+    """
+
+    def __init__(self, store: Store, reference_tensors: Mapping[str, Mapping[str, Any]], device: str,
+                 keep: StoreSink | None = None, progress: Callable[[int], None] | None = None) -> None:
+        self.store = store
+        self.reference = reference_tensors
+        self.device = device
+        self.keep = keep
+        self.progress = progress
+        self.comparisons: dict[str, TensorComparison] = {}
+        self.order: dict[str, int] = {}
+        self.unexpected: list[str] = []
+
+    def __call__(self, name: str, kind: str, order: int, tensor: torch.Tensor) -> None:
+        if self.keep is not None:
+            self.keep(name, kind, order, tensor)
+        if kind in NOT_GATED_KINDS:
+            return
+        record = self.reference.get(name)
+        if record is None:
+            self.unexpected.append(name)
+            return
+        reference = self.store.get_tensor(record["sha256"], name=name, device=self.device)
+        self.comparisons[name] = compare_tensors(name, tensor, reference)
+        self.order[name] = order
+        del reference
+        if self.progress is not None:
+            self.progress(len(self.comparisons))
+
+
+@dataclass
+class CandidateRun:
+    """What one bound candidate run produced (small: metrics, not tensors)."""
+
+    comparisons: dict[str, TensorComparison]
+    order: dict[str, int]
+    ledger: dict[str, dict[str, dict[str, Any]]]
+    missing_nodes: list[str]
+    candidate: dict[str, Any]
+    wall_s: float
+    peak_device_bytes: int | None
+    kept_run: str | None = None
+    unexpected: list[str] = field(default_factory=list)
+
+
+def run_candidate(
+    store: Store,
+    reference: ReferenceInfo,
+    preset: Preset,
+    checkpoint: CheckpointRef,
+    *,
+    device: str,
+    nodes: Collection[str] | None = None,
+    overrides: Mapping[tuple[str, str], Callable[..., Any]] | None = None,
+    keep_candidate: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> CandidateRun:
+    """Run the strictly bound BF16 candidate once, comparing every tensor against the FP32 reference."""
+    from h3kernels import ALL_NODES, bind
+
+    fp32_manifest = store.read_manifest(reference.fp32_run)
+    ref_tensors = fp32_manifest["tensors"]
+    granularity = fp32_manifest["identity"]["granularity"]
+    sample = read_sample(store, reference.sample_sha, preset.config)
+    model = load_model(store, checkpoint, DTYPES[CANDIDATE_DTYPE], device)
+    binding = bind(model, tuple(nodes) if nodes is not None else ALL_NODES, strict=True, overrides=overrides)
+    candidate = binding.describe()
+    gated = sum(1 for r in ref_tensors.values() if r["kind"] not in NOT_GATED_KINDS)
+    keep = StoreSink(store) if keep_candidate else None
+    sink = CompareSink(store, ref_tensors, device, keep,
+                       progress=(lambda done: progress(done, gated)) if progress else None)
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    started = time.perf_counter()
+    # The candidate runs under the default provider: the nodes it does not replace are diffusers' own.
+    provider = resolve_provider(reference.default_provider, device)
+    try:
+        with activate(provider, device):
+            run_capture(model, sample, sink, device=device, granularity=granularity)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+    finally:
+        binding.unbind()
+    wall_s = time.perf_counter() - started
+    kept_run = _write_candidate_manifest(store, reference, candidate, keep) if keep is not None else None
+    return CandidateRun(
+        comparisons=sink.comparisons,
+        order=sink.order,
+        ledger=binding.ledger,
+        missing_nodes=binding.missing(),
+        candidate=candidate,
+        wall_s=wall_s,
+        peak_device_bytes=torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
+        kept_run=kept_run,
+        unexpected=sink.unexpected,
+    )
+
+
+def _write_candidate_manifest(store: Store, reference: ReferenceInfo, candidate: Mapping[str, Any],
+                              keep: StoreSink) -> str:
+    run_id = f"{reference.reference_id}-cand-{_digest(candidate)[:12]}"
+    store.write_manifest(run_id, {"run_id": run_id, "tensors": keep.records,
+                                  "identity": {"reference": reference.reference_id, "candidate": dict(candidate)},
+                                  "metadata": {}}, overwrite=True)
+    return run_id
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def gate_id(reference: ReferenceInfo, rule: RuleFiles, candidate: Mapping[str, Any]) -> str:
+    """A gate is identified by what it judged: the reference, the rule and the candidate."""
+    return f"{reference.reference_id}-gate-{_digest([rule.rule_sha, dict(candidate)])[:12]}"
+
+
+def decide(store: Store, rule: RuleFiles, run: CandidateRun) -> rules.Verdict:
+    """The ensemble-rule verdict of a candidate run, with the single-provider record alongside.
+
+    A rule tensor the candidate never produced fails the verdict; it is ordered after everything
+    that ran so first drift stays within the real execution order.
+    """
+    order = dict(run.order)
+    last = max(order.values(), default=0)
+    for offset, name in enumerate(sorted(set(rule.rule.max_provider_error) - set(order)), start=1):
+        order[name] = last + offset
+    return rules.verdict(
+        run.comparisons,
+        rule.rule,
+        order,
+        single_bounds=single_bounds(store, rule),
+        ledger_missing=run.missing_nodes,
+    )
+
+
+def write_gate_documents(store: Store, gid: str, verdict: rules.Verdict, run: CandidateRun,
+                         extra: Mapping[str, Any]) -> dict[str, str]:
+    """verdict.json and ledger.json under runs/<gate_id>/; returns their sha256."""
+    verdict_doc = json.loads(canonical_json({**verdict.to_dict(), **extra}))
+    ledger_doc = json.loads(canonical_json({"ledger": run.ledger, "missing": run.missing_nodes,
+                                            "candidate": run.candidate, "unexpected": run.unexpected}))
+    return {
+        "verdict": store.write_document(gid, "verdict.json", verdict_doc).sha256,
+        "ledger": store.write_document(gid, "ledger.json", ledger_doc).sha256,
+    }
