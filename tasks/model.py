@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -42,8 +43,7 @@ AUDIO_CHANNELS = 2
 # The `t` a keyframe anchor is held at (diffusers' `keyframe_noise_aug`): just short of clean (t = 1).
 KEYFRAME_TIMESTEP = 0.999
 KEYFRAME_ANCHORS = ("first", "last")
-# Synthetic weights: std 0.02 like common transformer inits (the spread measurements in
-# ENVIRONMENT.md used it); norm weights are 1 + 0.02 noise so their gradients are not degenerate.
+# Synthetic weights: the spread of biases and of norm weights around 1 (see synthetic_state_dict).
 SYNTHETIC_STD = 0.02
 
 SAMPLE_INPUTS = (
@@ -250,18 +250,35 @@ def synthetic_state_dict(config: Mapping[str, Any], seed: int) -> dict[str, torc
 
     Seeding per name makes every tensor independent of module construction order and of the other
     parameters, so changing ``num_layers`` leaves the shared blocks' weights unchanged.
+
+    Scales are those of a live network, so every node's error reaches the block outputs: linear
+    weights N(0, 1/fan_in) (unit gain at any width), biases N(0, SYNTHETIC_STD), norm weights
+    1 + N(0, SYNTHETIC_STD), and the AdaLN gate chunks' biases centred on 1. With gates near 0
+    (std-0.02 weights everywhere) a block's branches barely touch the residual stream, and a
+    perturbed attention node would not show in the block output at all.
     """
     from diffusers import MiniMaxH3Transformer3DModel
 
     with torch.device("meta"):
         model = MiniMaxH3Transformer3DModel(**config)
+    hidden = int(config["hidden_size"])
     state: dict[str, torch.Tensor] = {}
     for name, param in model.named_parameters():
         digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
         generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
-        values = torch.randn(param.shape, generator=generator, dtype=torch.float32) * SYNTHETIC_STD
-        if "norm" in name.split(".")[-2] and name.endswith("weight"):
-            values = values + 1.0
+        values = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+        module = name.split(".")[-2]
+        if "norm" in module and name.endswith("weight"):
+            values = 1.0 + SYNTHETIC_STD * values
+        elif param.ndim == 2:
+            values = values / math.sqrt(param.shape[1])
+        else:
+            values = SYNTHETIC_STD * values
+        if name.endswith("adaln_proj.linear.bias"):
+            # [modality][shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp] x hidden
+            chunks = values.view(-1, 6, hidden)
+            chunks[:, 2] += 1.0
+            chunks[:, 5] += 1.0
         state[name] = values
     return state
 
