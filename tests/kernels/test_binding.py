@@ -210,12 +210,21 @@ def test_describe_identifies_the_candidate(fp32_bound):
 
 
 def _bf16_vs_fp32(models, sample, device) -> None:
+    from tasks.providers import activate, provider_set
+
     truth = capture(models[torch.float32], sample, device)
-    diffusers_bf16 = capture(models[torch.bfloat16], sample, device)
+    # As the gate judges: against the worst of diffusers' BF16 providers on each tensor, not one draw of
+    # rounding (a single provider's error on one tensor of a tiny model is itself a random variable).
+    diffusers_error: dict[str, float] = {}
+    for provider in provider_set(device).values():
+        with activate(provider, device):
+            run = capture(models[torch.bfloat16], sample, device)
+        for n in truth:
+            diffusers_error[n] = max(diffusers_error.get(n, 0.0), rel_l2(run[n], truth[n]))
     with bind(models[torch.bfloat16]) as binding:
         bound = capture(models[torch.bfloat16], sample, device)
     assert binding.missing() == []
-    ratios = {n: rel_l2(bound[n], truth[n]) / max(rel_l2(diffusers_bf16[n], truth[n]), 1e-12) for n in truth}
+    ratios = {n: rel_l2(bound[n], truth[n]) / max(diffusers_error[n], 1e-12) for n in truth}
     for name in ("out/sample", "out/audio_sample"):
         assert ratios[name] <= 1.0, f"{name}: bound bf16 is {ratios[name]:.2f}x diffusers' bf16 error"
     adaln = [n for n in truth if n.startswith("grad/") and "adaln_proj.linear.weight" in n]
