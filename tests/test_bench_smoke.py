@@ -1,0 +1,41 @@
+"""bench/kernels.py --smoke: every section (copy, kernels, attention, block) runs on the CPU interpreter (~30 s)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.timeout(120)
+def test_kernels_bench_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "kernels.json"
+    # A subprocess: TRITON_INTERPRET must be set before triton is first imported, and the GPU is not wanted here.
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "bench/kernels.py", "--smoke", "--json", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "FAILED" not in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["smoke"] and doc["copy"]["verified"]
+    ops = {r["op"]: r for r in doc["kernels"]}
+    assert set(ops) == {"rms_norm_modulate", "gated_residual", "rms_norm", "qk_norm_rope", "swiglu", "adaln_table"}
+    for r in ops.values():
+        # Same function as diffusers' bf16 arithmetic, up to bf16 rounding (the interpreter truncates nothing: RNE).
+        assert r["max_rel_l2_vs_bf16_baseline"] < 2e-2, r
+        assert all(r[side][f"{d}_ms"] > 0 for side in ("candidate", "baseline") for d in ("fwd", "bwd"))
+    assert "fwd_ms" in doc["attention"][0]["h3kernels"]
+    block = doc["block"]["per_seqlen"]["96"]
+    assert block["candidate"]["missing"] == [] and not block["candidate"]["fallbacks"]
+    for run in ("default", "candidate"):
+        errs = block[run]["rel_l2"]
+        assert all(math.isfinite(v) and v < 5e-2 for v in errs.values()), (run, errs)
+    # the one table comes last
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("block")
