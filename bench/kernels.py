@@ -321,7 +321,9 @@ def attention_rows(results: list[dict[str, Any]]) -> list[list[str]]:
         h = r["h3kernels"]
         for d in ("fwd", "bwd"):
             def cell(p: dict[str, Any], d: str = d) -> str:
-                return "n/a: " + p["error"][:24] if "error" in p else f"{p[f'{d}_ms']:.2f} ms {p[f'{d}_TFLOPs']:.0f} TFLOP/s"
+                if "error" in p:
+                    return "n/a: " + p["error"][:24]
+                return f"{p[f'{d}_ms']:.2f} ms {p[f'{d}_TFLOPs']:.0f} TFLOP/s"
 
             base = f"flash {cell(r['sdpa-flash'])}; cudnn {cell(r['sdpa-cudnn'])}"
             if "error" in h:
