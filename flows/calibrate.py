@@ -17,10 +17,12 @@ def calibrate_flow(params: CalibrateParams | None = None) -> dict:
     """Calibrate k by leave-one-out over the providers of a stored reference (provider data only)."""
     params = params or CalibrateParams()
     # Provider data: every BF16 provider and the FP32 noise run against the FP32 reference
+    # (small results persisted and reused by a rerun with identical inputs and code: steps.cached)
     reference = steps.resolve_reference(params.store, params.preset, params.device, params.reference_id)
-    reports = steps.provider_reports(params.store, reference, params.device)
-    spread = steps.write_spread(params.store, reference, reports)
+    reports = steps.cached(steps.provider_reports, params.store).with_options(tags=steps.gpu_tags(params.device))(
+        params.store, reference, params.device)
+    spread = steps.cached(steps.write_spread, params.store)(params.store, reference, reports)
 
     # Rule: thresholds.json (record) and ensemble-rule.json (the gate)
-    rule = steps.calibrate_rule(params.store, reference, reports)
+    rule = steps.cached(steps.calibrate_rule, params.store)(params.store, reference, reports)
     return {"reference": reference, "reports": reports, "spread": spread, "rule": rule}

@@ -365,6 +365,29 @@ def golden(
     _run(body)
 
 
+@app.command()
+def evidence(
+    run: Annotated[str, typer.Option("--run", help="Gate id (runs/<gate_id>/verdict.json in the store)")],
+    out: Annotated[str, typer.Option("--out", help="Folder for the bundle (new or empty)")],
+    store: StoreOpt = None,
+    storage_options: OptionsOpt = None,
+) -> None:
+    """Evidence bundle of a gate for a PR: tests.json, redaction.json, SHA256SUMS, report, verdict, SUMMARY.md."""
+
+    def body() -> None:
+        from flows.evidence import collect
+        from tasks.evidence import build_bundle
+
+        s = _store(store, storage_options)
+        flow_runs, logs = collect(run)  # flow-run links and logs when a Prefect server is in use
+        result = build_bundle(s, run, out, flow_runs=flow_runs, logs=logs)
+        typer.echo(f"{'PASS' if result['passed'] else 'FAIL'}  gate {run}: {len(result['files'])} files in {out}")
+        typer.echo(f"  redacted {result['redaction']['total']} items; SHA256SUMS sha256 {result['sums_sha256']}")
+        typer.echo(f"  check: cd {out} && sha256sum -c SHA256SUMS; paste {out}/SUMMARY.md into the PR")
+
+    _run(body)
+
+
 def torch_device_type(device: str) -> str:
     return device.split(":")[0]
 

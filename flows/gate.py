@@ -42,11 +42,12 @@ def gate_flow(params: GateParams | None = None) -> GateResult:
     checkpoint = steps.prepare_checkpoint(store, preset, overrides, params.checkpoint)
     steps.verify_evidence(store, reference, rule, checkpoint, preset, overrides)
 
-    # 2. Extension: compile / warm every kernel
-    extension = steps.prepare_extension(device)
+    # 2. Extension: compile / warm every kernel (GPU work carries the `gpu` tag: a concurrency limit applies)
+    gpu = steps.gpu_tags(device)
+    extension = steps.prepare_extension.with_options(tags=gpu)(device)
 
     # 3. Golden tests on block 0; stop on any failure
-    golden = steps.golden_tests(store, reference, preset, overrides, checkpoint, device)
+    golden = steps.golden_tests.with_options(tags=gpu)(store, reference, preset, overrides, checkpoint, device)
     golden_failed = [t["name"] for t in golden["tests"] if t["outcome"] == "failed"]
     if golden_failed:
         print(f"golden tests failed: {', '.join(golden_failed)}; the full model was not run")
@@ -54,8 +55,8 @@ def gate_flow(params: GateParams | None = None) -> GateResult:
                           stage="golden", golden_failed=golden_failed)
 
     # 4-5. The bound candidate, every tensor compared as produced; the verdict
-    run = steps.run_candidate(store, reference, preset, overrides, checkpoint, device, params.nodes,
-                              params.keep_candidate)
+    run = steps.run_candidate.with_options(tags=gpu)(store, reference, preset, overrides, checkpoint, device,
+                                                     params.nodes, params.keep_candidate)
     gid, verdict, documents = steps.decide(store, reference, rule, run, golden)
 
     # 6. Publish: report in the store, artifacts in Prefect

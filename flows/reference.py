@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from prefect import flow
+from prefect.task_runners import ProcessPoolTaskRunner
 from pydantic import Field
 
 from flows.common import StoreParams
 from tasks import steps
 from tasks.providers import DEFAULT_PROVIDER, device_type_of, resolve_providers
 from tasks.reference import ReferenceInfo
+
+
+def assign_devices(providers: list[str], device: str, visible: int) -> dict[str, str]:
+    """The device of each provider run: round-robin over cuda:0..N-1 when the reference is made on `cuda` with N > 1
+    GPUs visible (one run per GPU at a time); otherwise every run on `device`, in sequence."""
+    if device != "cuda" or visible < 2:
+        return {name: device for name in providers}
+    return {name: f"cuda:{i % visible}" for i, name in enumerate(providers)}
+
+
+def _provider_runs(capture: Any, run: dict[str, Any], devices: dict[str, str]) -> dict[str, Any]:
+    """BF16 provider runs: in sequence on one device; else one lane per GPU, lanes concurrent, runs in a lane chained.
+
+    Concurrent runs are submitted to the flow's process pool: providers set process-global torch and diffusers
+    switches (attention backend, oneDNN, TF32, BLAS), so two of them must never share a process.
+    """
+    if len(set(devices.values())) < 2:
+        return {name: capture(**run, device=dev, provider_name=name, dtype="bfloat16") for name, dev in devices.items()}
+    futures: dict[str, Any] = {}
+    last: dict[str, Any] = {}
+    for name, dev in devices.items():
+        futures[name] = capture.submit(**run, device=dev, provider_name=name, dtype="bfloat16",
+                                       wait_for=[last[dev]] if dev in last else None)
+        last[dev] = futures[name]
+    return {name: future.result() for name, future in futures.items()}
 
 
 class ReferenceParams(StoreParams):
@@ -18,7 +47,7 @@ class ReferenceParams(StoreParams):
     force: bool = Field(False, description="Re-capture runs the store already holds")
 
 
-@flow(name="h3-reference", log_prints=True)
+@flow(name="h3-reference", log_prints=True, task_runner=ProcessPoolTaskRunner())
 def reference_flow(params: ReferenceParams | None = None) -> ReferenceInfo:
     """Produce (or reuse) a frozen, hashed reference of the diffusers model on this device."""
     params = params or ReferenceParams()
@@ -30,11 +59,13 @@ def reference_flow(params: ReferenceParams | None = None) -> ReferenceInfo:
     sample_sha = steps.prepare_sample(**common)
 
     # Runs: FP32 first, its rounding-noise twin, then every BF16 provider
-    run = dict(common, checkpoint=checkpoint, sample_sha=sample_sha, device=params.device,
-               granularity=params.capture, force=params.force)
-    fp32 = steps.capture_run(**run, provider_name="fp32", dtype="float32")
-    fp32_alt = steps.capture_run(**run, provider_name="fp32-alt", dtype="float32")
-    provider_runs = {name: steps.capture_run(**run, provider_name=name, dtype="bfloat16") for name in providers}
+    # (GPU runs carry the `gpu` tag; with several GPUs visible the provider runs fan out, one GPU each)
+    capture = steps.capture_run.with_options(tags=steps.gpu_tags(params.device))
+    run = dict(common, checkpoint=checkpoint, sample_sha=sample_sha, granularity=params.capture, force=params.force)
+    fp32 = capture(**run, device=params.device, provider_name="fp32", dtype="float32")
+    fp32_alt = capture(**run, device=params.device, provider_name="fp32-alt", dtype="float32")
+    visible = torch.cuda.device_count() if params.device == "cuda" else 0
+    provider_runs = _provider_runs(capture, run, assign_devices(providers, params.device, visible))
 
     # Inventory: reference-manifest.json
     default = DEFAULT_PROVIDER[device_type_of(params.device)]

@@ -11,10 +11,14 @@ Retries: only store-bound steps retry (transient I/O), never a numerical step.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+from pathlib import Path
 from typing import Any
 
 from prefect import task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 from prefect.logging import get_run_logger
 
 from tasks import calibration as calibration_lib
@@ -295,3 +299,39 @@ def golden_tests(
     get_run_logger().info("golden tests: %d run, %d failed%s", len(result["tests"]), len(failed),
                           f" ({', '.join(failed[:5])})" if failed else "")
     return result
+
+
+# -- Result persistence and caching (small results only; tensors stay in the content-addressed store) --------
+
+
+class LibrarySources(CachePolicy):
+    """Cache-key part: the source of every plain module under tasks/ (TASK_SOURCE sees only the wrapper)."""
+
+    def compute_key(self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any],
+                    **kwargs: Any) -> str | None:
+        return _library_digest()
+
+
+@functools.cache
+def _library_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).resolve().parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+# A rerun with identical inputs and code reuses the persisted result (the default policy includes the run id).
+SMALL_RESULT_CACHE = INPUTS + TASK_SOURCE + LibrarySources()
+
+
+def result_storage_for(store_url: str | None) -> Path | None:
+    """Prefect result storage for a store: <root>/prefect-results for file stores, else Prefect's default."""
+    store = Store.from_env(store_url)
+    return Path(store.root) / "prefect-results" if store.url.startswith("file://") else None
+
+
+def cached(task_: Any, store_url: str | None) -> Any:
+    """``task_`` with its small result persisted and cached across flow runs (INPUTS + TASK_SOURCE + sources)."""
+    storage = result_storage_for(store_url)
+    return task_.with_options(cache_policy=SMALL_RESULT_CACHE, persist_result=True,
+                              **({"result_storage": storage} if storage is not None else {}))
