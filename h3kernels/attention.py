@@ -17,7 +17,8 @@ Dtypes and accumulation
 
 Backward
     delta = rowsum(dO * O) (preprocess kernel), then dK/dV over key blocks and dQ over query blocks in two
-    separate kernels. No atomics: results are deterministic and byte-identical run to run.
+    separate kernels (S^T and dP^T are recomputed in both: 7 S x S x D matmuls instead of 5, the price of writing
+    dQ without atomics). Results are deterministic and byte-identical run to run.
 
 Rejected (KernelInputError, a ValueError, message names the op)
     non-tensors, ndim != 4, empty tensors, q/k/v differing in shape, dtype or device, dtypes other than
@@ -61,23 +62,35 @@ class AttnConfig:
     dq_n: int  # key rows per dQ loop step
     dq_warps: int
     dq_stages: int
+    # 1: the kernel issues both score-sized dots (S^T and dP^T, or S and dP) before the softmax maths, which lets
+    # Triton keep the dK/dV accumulating dots asynchronous across loop steps on Hopper (wgmma; seen in the sm_90
+    # TTGIR); 0: the FlashAttention-2 tutorial order (S, P, dV, then dP), whose dV dot waits at once. Same
+    # arithmetic either way, so results are byte-identical across this flag.
+    dkdv_dp_first: int = 1
+    dq_dp_first: int = 1
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             val = getattr(self, f.name)
-            if not isinstance(val, int) or val < 1:
-                raise KernelInputError(f"attention: config {f.name}={val!r} must be a positive int")
+            flag = f.name.endswith("_dp_first")
+            if not isinstance(val, int) or val < (not flag) or (flag and val > 1):
+                need = "0 or 1" if flag else "a positive int"
+                raise KernelInputError(f"attention: config {f.name}={val!r} must be {need}")
             if f.name.endswith(("_m", "_n")) and (val < 16 or val & (val - 1)):
                 raise KernelInputError(f"attention: config {f.name}={val} must be a power of two >= 16 (tl.dot)")
 
 
-# Picked by compiling every kernel for sm_90 on a CPU machine (triton 3.9 + ptxas, tests/kernels/test_attention.py::
-# test_kernels_compile_for_sm90_without_spills) and keeping the largest tiles with no register spills, starting from
-# the Triton fused-attention tutorial's 128x64 forward and 32x128 / 128x32 backward tiles. Registers/thread:
-# bf16 D=128: fwd 128x64/8 warps 214 (128x128 spills); dK/dV 32x64/8 warps 255 (the tutorial's 32x128 spills 88 B:
-# dk+dv are 2 x 128x128 fp32); dQ 64x64/4 warps 190 (128x32 spills 72 B). bf16 D<=64: the tutorial tiles at 8 warps
-# (<= 199; 4 warps spills). fp32 (IEEE dot on FMA units, an accuracy path): small tiles, whose register use jumps
-# erratically with the FMA layouts (64x32 fwd at 4 warps spills 7 KB), so each D keeps the variant that does not spill.
+# Picked by compiling every kernel for sm_90 on a CPU machine (triton 3.9 + ptxas: `python bench/attention.py
+# --compile-only --table`, run by tests/kernels/test_attention.py::test_kernels_compile_for_sm90_without_spills) and
+# keeping spill-free tiles, starting from the Triton fused-attention tutorial's 128x64 forward and 32x128 / 128x32
+# backward tiles. Those first compiles lacked the 16-byte alignment hints real launches get, so they saw unpipelined
+# tile loads and inflated registers (dK/dV 32x64/8 warps: 255 then, 164 with the hints), and the bf16 D=128 backward
+# tiles below are conservative: bench/attention_sweep.txt lists spill-free candidates to time on the H200, and
+# `python3 bench/attention.py --sweep bench/attention_sweep.txt` prints the winner as a line for this table.
+# Registers/thread with hints, bf16 D=128: fwd 128x64/8 warps 177; dK/dV 32x64/8 warps 164 (32x128: 234; 64x128
+# spills: dk+dv alone are 2 x 128x128 fp32 = 128 registers/thread at 8 warps); dQ 64x64/4 warps 166 (128x64/8: 172).
+# bf16 D<=64: the tutorial tiles at 8 warps. fp32 (IEEE dot on FMA units, an accuracy path): small tiles, whose
+# register use jumps erratically with the FMA layouts, so each D keeps a variant that does not spill.
 # Stages: 3 for bf16 (K/V double-buffering plus one), 2 for the larger-per-element fp32 tiles.
 _BF16_SMALL_D = AttnConfig(128, 64, 8, 3, 32, 128, 8, 3, 128, 32, 8, 3)
 CONFIGS: dict[tuple[int, torch.dtype], AttnConfig] = {
@@ -201,7 +214,7 @@ def _attn_bwd_delta_kernel(Out, DO, DELTA, so_b, so_s, so_h, sdo_b, sdo_s, sdo_h
 def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
                           sdo_b, sdo_s, sdo_h, sg_b, sg_s, sg_h, NH, S, qk_scale, sm_scale, D: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, UPCAST: tl.constexpr,
-                          PREC: tl.constexpr):
+                          PREC: tl.constexpr, DP_FIRST: tl.constexpr):
     # One program owns BLOCK_N keys of one (batch, head) and sweeps all queries: dV = P^T dO, dK = scale dS^T Q.
     pid_n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -225,11 +238,15 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sq_b, sq_s, sq_h, sk_
         delta = tl.load(DELTA + bh * S + offs_m, mask=in_m, other=0.0)
         # P^T recomputed from the saved base-2 logsumexp; tail queries zeroed (TAIL: S % BLOCK_M != 0). Tail keys
         # (rows of k are 0) may give large pT, but rows of dk/dv are independent and tail rows are never stored.
-        pT = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale - lse[None, :])
+        qkT = tl.dot(k, tl.trans(q), input_precision=PREC)
+        if DP_FIRST:  # constexpr: see AttnConfig.dp_first
+            dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
+        pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
         if TAIL:
             pT = tl.where(in_m[None, :], pT, 0.0)
         dv = tl.dot(_round(pT, Q.dtype.element_ty, UPCAST), do, dv, input_precision=PREC)
-        dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
+        if not DP_FIRST:
+            dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
         dsT = pT * (dpT - delta[None, :])
         dk = tl.dot(_round(dsT, Q.dtype.element_ty, UPCAST), q, dk, input_precision=PREC)
     dk = dk * sm_scale
@@ -242,7 +259,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sq_b, sq_s, sq_h, sk_
 def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
                         sdo_b, sdo_s, sdo_h, sg_b, sg_s, sg_h, NH, S, qk_scale, sm_scale, D: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, UPCAST: tl.constexpr,
-                        PREC: tl.constexpr):
+                        PREC: tl.constexpr, DP_FIRST: tl.constexpr):
     # One program owns BLOCK_M queries of one (batch, head) and sweeps all keys: dQ = scale dS K.
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -264,10 +281,14 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sq_b, sq_s, sq_h, sk_b, sk_
         k = _load_tile(k_base + offs_n[:, None] * sk_s + offs_d[None, :], in_n[:, None], UPCAST)
         v = _load_tile(v_base + offs_n[:, None] * sv_s + offs_d[None, :], in_n[:, None], UPCAST)
         # Tail keys must get exactly zero probability here (TAIL: S % BLOCK_N != 0): they would feed real query rows.
-        p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale - lse[:, None])
+        qk = tl.dot(q, tl.trans(k), input_precision=PREC)
+        if DP_FIRST:
+            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        p = tl.math.exp2(qk * qk_scale - lse[:, None])
         if TAIL:
             p = tl.where(in_n[None, :], p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        if not DP_FIRST:
+            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(_round(ds, Q.dtype.element_ty, UPCAST), k, dq, input_precision=PREC)
     dq = dq * sm_scale
@@ -350,10 +371,12 @@ def attention_bwd(do_BSND: torch.Tensor, q_BSND: torch.Tensor, k_BSND: torch.Ten
     flags = _launch_flags(q_BSND.dtype)
     _attn_bwd_dkdv_kernel[(triton.cdiv(S, cfg.dkdv_n), B * NH)](
         *args, dk_BSND, dv_BSND, *strides, NH, S, sm_scale * _LOG2E, sm_scale, D=D, BLOCK_M=cfg.dkdv_m,
-        BLOCK_N=cfg.dkdv_n, TAIL=S % cfg.dkdv_m != 0, **flags, num_warps=cfg.dkdv_warps, num_stages=cfg.dkdv_stages)
+        BLOCK_N=cfg.dkdv_n, TAIL=S % cfg.dkdv_m != 0, DP_FIRST=bool(cfg.dkdv_dp_first), **flags,
+        num_warps=cfg.dkdv_warps, num_stages=cfg.dkdv_stages)
     _attn_bwd_dq_kernel[(triton.cdiv(S, cfg.dq_m), B * NH)](
         *args, dq_BSND, *strides, NH, S, sm_scale * _LOG2E, sm_scale, D=D, BLOCK_M=cfg.dq_m,
-        BLOCK_N=cfg.dq_n, TAIL=S % cfg.dq_n != 0, **flags, num_warps=cfg.dq_warps, num_stages=cfg.dq_stages)
+        BLOCK_N=cfg.dq_n, TAIL=S % cfg.dq_n != 0, DP_FIRST=bool(cfg.dq_dp_first), **flags, num_warps=cfg.dq_warps,
+        num_stages=cfg.dq_stages)
     return dq_BSND, dk_BSND, dv_BSND
 
 

@@ -170,6 +170,15 @@ def test_deterministic_byte_identical(dtype: torch.dtype) -> None:
     assert _bytes_equal(_candidate(q, k, v, do), _candidate(q, k, v, do))
 
 
+def test_dot_order_flags_do_not_change_results() -> None:
+    # dkdv_dp_first / dq_dp_first only move where the dP dot is issued (a scheduling choice for the GPU); the
+    # arithmetic is the same, so every combination must give the same bytes.
+    q, k, v, do = _inputs((1, 100, 2, 32), torch.bfloat16, seed=3)
+    runs = [_candidate(q, k, v, do, dataclasses.replace(SMALL_TILES, dkdv_dp_first=a, dq_dp_first=b))
+            for a in (0, 1) for b in (0, 1)]
+    assert all(_bytes_equal(runs[0], r) for r in runs[1:])
+
+
 def test_batch_items_are_independent() -> None:
     q, k, v, do = _inputs((2, 17, 2, 32), torch.bfloat16, seed=4)
     both = _candidate(q, k, v, do)
@@ -206,7 +215,7 @@ def test_config_override_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (cfg.fwd_m, cfg.fwd_n, cfg.dq_n, cfg.dq_m) == (16, 32, 16, A.CONFIGS[(32, torch.float32)].dq_m)
     q, k, v, do = _inputs((1, 40, 1, 32), torch.float32, seed=8)
     assert _bytes_equal(_candidate(q, k, v, do), _candidate(q, k, v, do, cfg))
-    for bad in ("fwd_m=48", "fwd_m=", "block=64", "fwd_warps=0"):
+    for bad in ("fwd_m=48", "fwd_m=", "block=64", "fwd_warps=0", "dq_dp_first=2"):
         with pytest.raises(KernelInputError, match="attention: "):
             A.resolve_config(32, torch.float32, bad)
 
@@ -245,50 +254,8 @@ def test_rejects_cpu_tensors_without_interpreter(monkeypatch: pytest.MonkeyPatch
         A.attention(*(_t(device="cpu"),) * 3)
 
 
-# Compiles the table's kernels for sm_90 without a GPU (triton ships ptxas and cuobjdump), in a subprocess because
-# TRITON_INTERPRET is fixed when the kernels are decorated. Prints {name: {regs, stack, smem}} as JSON.
-_COMPILE_SCRIPT = r"""
-import json, os, re, subprocess, warnings
-warnings.filterwarnings("ignore")
-import torch, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from h3kernels import attention as A
-
-objdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-out = {}
-tensors = ("Q", "K", "V", "Out", "DO", "DK", "DV", "DQ")
-for (D, dtype), cfg in A.CONFIGS.items():
-    wd = "bf16" if dtype == torch.bfloat16 else "fp32"
-    flags = dict(D=D, UPCAST=False, PREC="ieee" if wd == "fp32" else "tf32")
-    jobs = [("delta", A._attn_bwd_delta_kernel, dict(D=D, BLOCK_M=A._DELTA_M), 4, 1)]
-    for tail in (True, False):
-        f = dict(flags, TAIL=tail)
-        jobs += [(f"fwd tail={tail}", A._attn_fwd_kernel, dict(f, BLOCK_M=cfg.fwd_m, BLOCK_N=cfg.fwd_n),
-                  cfg.fwd_warps, cfg.fwd_stages),
-                 (f"dkdv tail={tail}", A._attn_bwd_dkdv_kernel, dict(f, BLOCK_M=cfg.dkdv_m, BLOCK_N=cfg.dkdv_n),
-                  cfg.dkdv_warps, cfg.dkdv_stages),
-                 (f"dq tail={tail}", A._attn_bwd_dq_kernel, dict(f, BLOCK_M=cfg.dq_m, BLOCK_N=cfg.dq_n),
-                  cfg.dq_warps, cfg.dq_stages)]
-    for kname, fn, const, warps, stages in jobs:
-        name = f"{kname} D={D} {wd}"
-        sig = {a: "constexpr" if a in const else "*fp32" if a in ("LSE", "DELTA") else "*" + wd if a in tensors
-               else "fp32" if "scale" in a else "i32" for a in fn.arg_names}
-        try:
-            k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
-                               options={"num_warps": warps, "num_stages": stages})
-        except Exception as e:  # noqa: BLE001 - reported to the test
-            out[name] = {"error": f"{type(e).__name__}: {str(e)[:1500]}"}
-            continue
-        path = os.path.join(os.environ["OUT_DIR"], name.replace(" ", "_").replace("=", "") + ".cubin")
-        with open(path, "wb") as fh:
-            fh.write(k.asm["cubin"])
-        usage = subprocess.run([objdump, "--dump-resource-usage", path], capture_output=True, text=True).stdout
-        m = re.search(r"REG:(\d+).*?STACK:(\d+)", usage)
-        out[name] = ({"regs": int(m.group(1)), "stack": int(m.group(2)), "smem": k.metadata.shared} if m
-                     else {"error": "no resource usage: " + usage[:500]})
-print(json.dumps(out))
-"""
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench" / "attention.py"
 
 
 def _nvidia_tools() -> bool:
@@ -301,14 +268,34 @@ def _nvidia_tools() -> bool:
 def test_kernels_compile_for_sm90_without_spills(tmp_path: Path) -> None:
     # The interpreter never runs the Triton compiler: this is the CPU machine's check that the GPU path compiles at
     # the table's launch constants, without register spills and within the H200's 227 KiB of shared memory per block.
-    env = {**os.environ, "TRITON_INTERPRET": "0", "OUT_DIR": str(tmp_path), "TRITON_CACHE_DIR": str(tmp_path / "c"),
-           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True, text=True, env=env,
-                          timeout=300)
+    # bench/attention.py --compile-only is the one compile checker (the sweep's candidates are checked with it too);
+    # it gives pointers and strides the 16-byte alignment hints real launches get, without which Triton does not
+    # pipeline the tile loads and the register counts describe a kernel that never runs. A subprocess, because
+    # TRITON_INTERPRET is fixed when the kernels are decorated.
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path / "c")}
+    proc = subprocess.run([sys.executable, str(BENCH), "--compile-only", "--table", "--json"], capture_output=True,
+                          text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = {f"{cfg} / {k}": v for cfg, kernels in json.loads(proc.stdout.strip().splitlines()[-1]).items()
+              for k, v in kernels.items()}
+    assert len(report) == 7 * len(A.CONFIGS)  # delta + fwd/dkdv/dq with and without a tail tile, per table entry
     assert not {k: v["error"] for k, v in report.items() if "error" in v}
     assert not {k: v for k, v in report.items() if v["stack"] or v["smem"] > 227 * 1024}, report
+
+
+def test_sweep_file_lines_are_valid_configs() -> None:
+    # bench/attention_sweep.txt runs on the H200 in one call: a line that does not parse would only show up there.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_attention", BENCH)
+    bench = sys.modules.setdefault("bench_attention", importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(bench)
+    lines = bench._sweep_specs(str(ROOT / "bench" / "attention_sweep.txt"))
+    assert 10 <= len(lines) <= 20 and len(set(lines)) == len(lines)
+    configs = [A.resolve_config(128, torch.bfloat16, line) for line in lines]
+    assert len(set(configs)) == len(configs)
+    assert A.resolve_config(128, torch.bfloat16, lines[0]) == dataclasses.replace(  # the pre-sweep table, first
+        A.CONFIGS[(128, torch.bfloat16)], dkdv_dp_first=0, dq_dp_first=0)
 
 
 @pytest.mark.gpu
