@@ -388,6 +388,48 @@ def evidence(
     _run(body)
 
 
+@app.command()
+def selftest(
+    preset: PresetOpt = "tiny",
+    store: StoreOpt = None,
+    storage_options: OptionsOpt = None,
+    device: DeviceOpt = "cpu",
+    providers: ProvidersOpt = None,
+    overrides: SetOpt = None,
+    checkpoint: CheckpointOpt = None,
+    mutants: Annotated[str | None, typer.Option("--mutants", help="Comma-separated mutants (default: all)")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Sample seed of the second-seed probe; -1 skips it")] = 1,
+) -> None:
+    """Gate power: mutants must be caught, correct implementations must pass. Exit 1 if a must-catch escapes."""
+
+    def body() -> None:
+        from flows.selftest import SelftestParams, selftest_flow
+
+        _apply_storage_options(storage_options)
+        params = SelftestParams(**_common(store, preset, overrides, device, checkpoint, "blocks"),
+                                providers=_split(providers), mutants=_split(mutants),
+                                seed=None if seed < 0 else seed)
+        with _console():
+            result = selftest_flow(params)
+        s = result.summary
+        typer.echo(f"self-test {result.reference_id}: {s['caught']}/{s['mutants']} mutants caught "
+                   f"({s['must_catch_caught']}/{s['must_catch']} must-catch), localised {s['localised']}/"
+                   f"{s['caught']}, false rejects {s['false_rejects']}/{s['probes']}")
+        for m in result.mutants:
+            ratio = "n/a" if m["worst_ratio"] is None else f"{float(m['worst_ratio']):.3g}"
+            typer.echo(f"  {'caught ' if m['caught'] else 'ESCAPED'} {m['name']:<26} ratio {ratio:>7}  "
+                       f"first drift {m['first_drift']}{'' if m['localised'] else ' (not localised)'}")
+        for p in result.probes:
+            typer.echo(f"  {'pass    ' if p['passed'] else 'REJECTED'} {p['name']}")
+        for finding in result.findings:
+            typer.echo(f"  ! {finding}")
+        typer.echo(f"  report {result.report_url}")
+        if result.must_catch_escaped:
+            raise typer.Exit(1)
+
+    _run(body)
+
+
 def torch_device_type(device: str) -> str:
     return device.split(":")[0]
 

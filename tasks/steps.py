@@ -335,3 +335,53 @@ def cached(task_: Any, store_url: str | None) -> Any:
     storage = result_storage_for(store_url)
     return task_.with_options(cache_policy=SMALL_RESULT_CACHE, persist_result=True,
                               **({"result_storage": storage} if storage is not None else {}))
+
+
+# -- self-test (gate power: tasks.selftest) -------------------------------------------------------
+
+
+@task(name="selftest")
+def selftest(
+    store_url: str | None,
+    reference: reference_lib.ReferenceInfo,
+    rule: calibration_lib.RuleFiles,
+    preset_name: str,
+    overrides: dict[str, Any],
+    checkpoint: model_lib.CheckpointRef,
+    device: str,
+    mutants: list[str] | None,
+    seed: int | None,
+) -> dict[str, Any]:
+    """Mutants and false-reject probes through the gate; writes selftest.json and the report; returns the doc."""
+    from prefect.artifacts import create_markdown_artifact
+
+    from tasks import mutants as mutants_lib
+    from tasks import report as report_lib
+    from tasks import selftest as selftest_lib
+
+    store = Store.from_env(store_url)
+    preset = model_lib.get_preset(preset_name, overrides)
+    library = mutants_lib.library(preset.config)
+    unknown = sorted(set(mutants or ()) - {m.name for m in library})
+    if unknown:
+        raise ValueError(f"unknown mutants {unknown}; known: {[m.name for m in library]}")
+    chosen = [m for m in library if not mutants or m.name in mutants]
+    logger = get_run_logger()
+    result = selftest_lib.run_selftest(store, reference, rule, preset, checkpoint, device=device, mutants=chosen,
+                                       seed=seed, progress=logger.info)
+    run_id, sha = selftest_lib.write_selftest(store, result)
+    section = selftest_lib.selftest_html(result)
+    identity = {"title": f"h3gate self-test: {preset_name} on {device}", "reference": reference.reference_id,
+                "rule sha256": rule.rule_sha, "selftest.json sha256": sha}
+    reports = calibration_lib.provider_reports(store, reference, device=device)
+    page = report_lib.build_report(result.baseline_verdict or {}, reports.errors, rule.rule.to_dict(), identity,
+                                   extra_sections=[("Self-test: gate power", section)])
+    url, _ = report_lib.store_report(store, page, run_id=run_id)
+    summary = result.summary()
+    create_markdown_artifact(
+        key=f"selftest-{reference.preset}-{reference.device_type}",
+        markdown=(f"## h3gate self-test: {summary['must_catch_caught']}/{summary['must_catch']} must-catch caught, "
+                  f"{summary['false_rejects']} false rejects\n\n" + "".join(f"- {f}\n" for f in result.findings)
+                  + f"\n[Report]({url})\n"),
+    )
+    return {**result.to_dict(), "run_id": run_id, "selftest_sha256": sha, "report_url": url}
