@@ -87,8 +87,13 @@ def test_deploy_run_and_worker_end_to_end(tmp_path):
     try:
         _wait_healthy(api, server)
 
+        # `prefect deploy` resolves {{ $VAR }} from its own environment when VAR is set there: deploy without
+        # H3GATE_PROJECT_DIR so the pull step stays templated and each worker resolves it
+        cli_env = {k: v for k, v in env.items() if k != "H3GATE_PROJECT_DIR"}
+
         def prefect(*args: str) -> str:
-            out = subprocess.run([*PREFECT, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+            out = subprocess.run([*PREFECT, *args], env=cli_env, cwd=REPO, capture_output=True, text=True,
+                                 timeout=120)
             assert out.returncode == 0, f"prefect {' '.join(args)}:\n{out.stdout}\n{out.stderr}"
             return out.stdout
 
