@@ -430,6 +430,47 @@ def selftest(
     _run(body)
 
 
+@app.command()
+def generate(
+    preset: PresetOpt = "tiny",
+    store: StoreOpt = None,
+    storage_options: OptionsOpt = None,
+    device: DeviceOpt = "cpu",
+    overrides: SetOpt = None,
+    checkpoint: CheckpointOpt = None,
+    reference_id: ReferenceOpt = None,
+    nodes: NodesOpt = None,
+    steps: Annotated[int, typer.Option("--steps", help="Schedule points (set_timesteps); steps - 1 evaluations")] = 30,
+) -> None:
+    """Generation gate: a full FL2VA trajectory after the numerical gate passed. Exit 0 pass, 1 fail, 2 error."""
+
+    def body() -> None:
+        from flows.generate import GenerateParams, generate_flow
+
+        _apply_storage_options(storage_options)
+        params = GenerateParams(**_common(store, preset, overrides, device, checkpoint, "blocks"),
+                                reference_id=reference_id, nodes=_split(nodes), steps=steps)
+        with _console():
+            result = generate_flow(params)
+        typer.echo(f"{'PASS' if result.passed else 'FAIL'}  generate {result.generate_id}")
+        if result.worst_step:
+            worst = result.worst_step
+            typer.echo(f"  worst step  {worst['tensor']}  ({float(worst['ratio']):.3f} x its bound)")
+        if result.first_failure:
+            typer.echo(f"  first failure {result.first_failure} ({len(result.failures)} failing tensors)")
+        for name, m in result.final.items():
+            typer.echo(f"  {name:<20} rel_l2 {float(m['relative_l2']):.3e}  PSNR {float(m['psnr_db']):.2f} dB  "
+                       f"cosine {float(m['cosine']):.8f}")
+        if not result.deterministic:
+            typer.echo(f"  NOT deterministic: first differs at step {result.first_mismatch['step']}, "
+                       f"{result.first_mismatch['tensor']}")
+        typer.echo(f"  report      {result.report_url}")
+        if not result.passed:
+            raise typer.Exit(1)
+
+    _run(body)
+
+
 def torch_device_type(device: str) -> str:
     return device.split(":")[0]
 

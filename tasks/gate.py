@@ -248,11 +248,34 @@ def decide(store: Store, rule: RuleFiles, run: CandidateRun) -> rules.Verdict:
 
 def write_gate_documents(store: Store, gid: str, verdict: rules.Verdict, run: CandidateRun,
                          extra: Mapping[str, Any]) -> dict[str, str]:
-    """verdict.json and ledger.json under runs/<gate_id>/; returns their sha256."""
+    """verdict.json and ledger.json under runs/<gate_id>/; returns their sha256.
+
+    A passing verdict also points ``refs/passing-verdicts/<passing_verdict_key(...)>`` at itself (the
+    latest pass per preset, device type, checkpoint and candidate; the generation gate needs one). The
+    reference is found from ``extra["reference_id"]``; without it no pointer is written.
+    """
     verdict_doc = json.loads(canonical_json({**verdict.to_dict(), **extra}))
     ledger_doc = json.loads(canonical_json({"ledger": run.ledger, "missing": run.missing_nodes,
                                             "candidate": run.candidate, "unexpected": run.unexpected}))
-    return {
+    documents = {
         "verdict": store.write_document(gid, "verdict.json", verdict_doc).sha256,
         "ledger": store.write_document(gid, "ledger.json", ledger_doc).sha256,
     }
+    reference = store.read_ref("references", extra["reference_id"]) if extra.get("reference_id") else None
+    if verdict.passed and reference is not None:
+        key = passing_verdict_key(reference["preset"], reference["device_type"], reference["checkpoint_sha"],
+                                  run.candidate)
+        store.write_ref(PASSING_VERDICTS, key, {"gate_id": gid, "verdict_sha": documents["verdict"],
+                                                "reference_id": reference["reference_id"]})
+    return documents
+
+
+PASSING_VERDICTS = "passing-verdicts"
+
+
+def passing_verdict_key(preset: str, device_type: str, checkpoint_sha: str, candidate: Mapping[str, Any]) -> str:
+    """Name of the pointer to the latest passing verdict of (preset, device type, checkpoint, candidate).
+
+    ``candidate`` is ``Binding.describe()`` of the strictly bound candidate, without overrides.
+    """
+    return f"{preset}-{device_type}-{checkpoint_sha[:12]}-{_digest(dict(candidate))[:12]}"
