@@ -471,6 +471,55 @@ def generate(
     _run(body)
 
 
+@app.command()
+def diagnose(
+    preset: PresetOpt = "tiny",
+    store: StoreOpt = None,
+    storage_options: OptionsOpt = None,
+    device: DeviceOpt = "cpu",
+    overrides: SetOpt = None,
+    checkpoint: CheckpointOpt = None,
+    reference_id: ReferenceOpt = None,
+    auto: Annotated[bool, typer.Option("--auto", help="Bisect blocks, node groups, nodes to the smallest fix")] = False,
+    replace: Annotated[list[str] | None, typer.Option("--replace", help="Node group, node or 'all' to run as the "
+                                                      "reference; repeatable")] = None,
+    blocks: Annotated[str | None, typer.Option("--blocks", help="Transformer blocks '0-1', '0,2' or module names")]
+    = None,
+    provider_variant: Annotated[str | None, typer.Option("--provider-variant", help="Provider for --provider-nodes")]
+    = None,
+    provider_nodes: Annotated[list[str] | None, typer.Option("--provider-nodes", help="Node group or node run as the "
+                                                             "reference under --provider-variant; repeatable")] = None,
+    no_conditioning: Annotated[bool, typer.Option("--no-conditioning", help="Skip the attention conditioning")] = False,
+) -> None:
+    """Where does the candidate's error come from: replace nodes by the reference, localise, isolate. Exit 0/2."""
+
+    def body() -> None:
+        from flows.diagnose import DiagnoseParams, diagnose_flow
+        from tasks.report_figures import fmt
+
+        _apply_storage_options(storage_options)
+        params = DiagnoseParams(**_common(store, preset, overrides, device, checkpoint, "blocks"),
+                                reference_id=reference_id, auto=auto, replace=replace or [], blocks=blocks,
+                                provider_variant=provider_variant, provider_nodes=provider_nodes or [],
+                                conditioning=not no_conditioning)
+        with _console():
+            result = diagnose_flow(params)
+        for r in [result.baseline, *result.configurations, *(result.localisation or {}).get("steps", [])]:
+            typer.echo(f"  {'pass' if r['passed'] else 'FAIL'}  worst ratio {fmt(r['worst_ratio'], '.4g'):>8}  "
+                       f"failing {r['failing']:>4}  first drift {r['first_drift']}  <- {r['label']}")
+        loc = result.localisation
+        if loc is not None:
+            typer.echo(f"localised: {', '.join(loc['nodes'])} in {', '.join(loc['blocks'])}" if loc.get("found")
+                       else f"not localised: {loc.get('why')}")
+        for block in result.isolation:
+            creators = [n["node"] for n in block["nodes"] if n["creates"]]
+            typer.echo(f"isolation {block['block']}: " + (f"creates error: {', '.join(creators)}" if creators
+                                                          else "no node creates error (it carries it)"))
+        typer.echo(f"diagnose {result.run_id}\n  report {result.report_url}")
+
+    _run(body)
+
+
 def torch_device_type(device: str) -> str:
     return device.split(":")[0]
 

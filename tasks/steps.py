@@ -385,3 +385,42 @@ def selftest(
                   + f"\n[Report]({url})\n"),
     )
     return {**result.to_dict(), "run_id": run_id, "selftest_sha256": sha, "report_url": url}
+
+
+# -- diagnose (replacement, localisation, isolation, conditioning: tasks.diagnose) ---------------------------
+
+
+@task(name="diagnose")
+def diagnose(
+    store_url: str | None,
+    reference: reference_lib.ReferenceInfo,
+    rule: calibration_lib.RuleFiles,
+    preset_name: str,
+    overrides: dict[str, Any],
+    checkpoint: model_lib.CheckpointRef,
+    device: str,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """Diagnose runs; writes diagnose.json and the report, publishes markdown + table artifacts; returns the doc."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    from tasks import diagnose as diagnose_lib
+    from tasks import diagnose_report
+    from tasks import report as report_lib
+
+    store = Store.from_env(store_url)
+    result = diagnose_lib.run_diagnose(store, reference, rule, model_lib.get_preset(preset_name, overrides),
+                                       checkpoint, device=device, **options)
+    doc = result.doc
+    sha = diagnose_lib.write_diagnose(store, doc)
+    identity = {"title": f"h3gate diagnose: {preset_name} on {device}", "reference": reference.reference_id,
+                "diagnose run": doc["run_id"], "diagnose.json sha256": sha, "rule sha256": rule.rule_sha}
+    reports = calibration_lib.provider_reports(store, reference, device=device)
+    page = report_lib.build_report(result.runs[0].verdict.to_dict(), reports.errors, rule.rule.to_dict(), identity,
+                                   extra_sections=diagnose_report.sections(doc))
+    url, _ = report_lib.store_report(store, page, run_id=doc["run_id"])
+    key = f"diagnose-{reference.preset}-{reference.device_type}"
+    create_markdown_artifact(key=key, markdown=diagnose_report.markdown(doc, url), description="h3gate diagnose")
+    create_table_artifact(key=f"{key}-runs", table=diagnose_report.table_rows(doc),
+                          description="every diagnose configuration and its verdict summary")
+    return {**doc, "diagnose_sha256": sha, "report_url": url}
