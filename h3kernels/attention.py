@@ -94,7 +94,9 @@ class AttnConfig:
 # Stages: 3 for bf16 (K/V double-buffering plus one), 2 for the larger-per-element fp32 tiles.
 _BF16_SMALL_D = AttnConfig(128, 64, 8, 3, 32, 128, 8, 3, 128, 32, 8, 3)
 CONFIGS: dict[tuple[int, torch.dtype], AttnConfig] = {
-    (128, torch.bfloat16): AttnConfig(128, 64, 8, 3, 32, 64, 8, 3, 64, 64, 4, 3),
+    # Backward tiles: the winner of `bench/attention.py --sweep bench/attention_sweep.txt` on the H200
+    # (2026-12-02, session 2): 393 TFLOP/s backward at S=16384, was 200 with (32x64/8/3, 64x64/4/3).
+    (128, torch.bfloat16): AttnConfig(128, 64, 8, 3, 32, 128, 8, 4, 128, 64, 8, 4, 1, 1),
     (64, torch.bfloat16): _BF16_SMALL_D,
     (32, torch.bfloat16): _BF16_SMALL_D,
     (128, torch.float32): AttnConfig(64, 32, 8, 2, 32, 32, 8, 2, 32, 16, 8, 2),
