@@ -55,7 +55,10 @@ FP32_CUDA = Provider("fp32", "cuda", description="FP32 reference: native SDPA, T
 FP32_CPU = Provider("fp32", "cpu", description="FP32 reference: native SDPA")
 # A second FP32 run that differs from the reference only in rounding (another attention kernel and
 # GEMM library): its per-tensor error is the FP32 reference's own noise, from which the floor comes.
-FP32_ALT_CUDA = Provider("fp32-alt", "cuda", "_native_math", "cublaslt", description="FP32 noise run: math SDPA")
+# On CUDA the math SDPA would materialize S x S scores per head in FP32 (56 GiB at S=16384, measured OOM on the
+# H200 with the block preset): the memory-efficient kernel (FP32-capable) is the other attention path there.
+FP32_ALT_CUDA = Provider("fp32-alt", "cuda", "_native_efficient", "cublaslt",
+                         description="FP32 noise run: memory-efficient SDPA, cuBLASLt")
 FP32_ALT_CPU = Provider("fp32-alt", "cpu", "_native_math", onednn=False, description="FP32 noise run: math SDPA")
 
 CUDA_PROVIDERS: dict[str, Provider] = {
