@@ -16,27 +16,9 @@ from tasks import selftest as selftest_lib
 
 
 @pytest.fixture(scope="module")
-def calibrated(tmp_path_factory):
-    """A tiny-preset reference (FP32, FP32-alt, every CPU provider) and its calibrated rule, via plain functions."""
-    from tasks import calibration, model
-    from tasks.providers import CPU_PROVIDERS, FP32_ALT_CPU, FP32_CPU
-    from tasks.reference import capture_reference_run, inventory, write_inventory
-    from tasks.store import Store
-
-    store = Store(str(tmp_path_factory.mktemp("selftest") / "store"))
-    preset = model.get_preset("tiny")
-    checkpoint = model.write_synthetic_checkpoint(store, preset)
-    sample_sha = model.write_sample(store, model.build_sample(preset.config, preset.sample))
-
-    def run(provider, dtype):
-        return capture_reference_run(store, preset, checkpoint, sample_sha, provider, dtype, "cpu")
-
-    doc = inventory(preset, checkpoint, sample_sha, "cpu", "blocks", run(FP32_CPU, "float32"),
-                    {name: run(p, "bfloat16") for name, p in CPU_PROVIDERS.items()}, "cpu-default",
-                    run(FP32_ALT_CPU, "float32"))
-    reference = write_inventory(store, preset, doc)
-    rule = calibration.write_rule(store, reference, calibration.provider_reports(store, reference))
-    return store, preset, checkpoint, reference, rule
+def calibrated(calibrated_tiny):
+    """The shared calibrated tiny reference (tests/conftest.py)."""
+    return calibrated_tiny
 
 
 @pytest.fixture(scope="module")
