@@ -25,10 +25,14 @@ def test_qualify_tiny_end_to_end_with_artifacts(prefect_api, tmp_path):
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
-        keys = {a.key: a for a in client.read_artifacts() if a.key}
-    assert {"gate-tiny-cpu-verdict", "gate-tiny-cpu-worst-tensors", "gate-tiny-cpu-report"} <= set(keys)
-    assert "PASS" in keys["gate-tiny-cpu-verdict"].data
-    assert result.report_url in keys["gate-tiny-cpu-report"].data
+        artifacts = [a for a in client.read_artifacts() if a.key]
+    # The harness is shared by the session: other tests publish versions under the same stable keys.
+    by_key: dict[str, list] = {}
+    for artifact in artifacts:
+        by_key.setdefault(artifact.key, []).append(artifact)
+    assert {"gate-tiny-cpu-verdict", "gate-tiny-cpu-worst-tensors", "gate-tiny-cpu-report"} <= set(by_key)
+    assert any(result.report_url in str(a.data) for a in by_key["gate-tiny-cpu-report"])
+    assert any(result.report_url in str(a.data) and "PASS" in str(a.data) for a in by_key["gate-tiny-cpu-verdict"])
 
     # rerun: the reference and the rule are reused, the gate gives the same verdict
     again = gate_flow(GateParams(store=url))
