@@ -283,13 +283,29 @@ def synthetic_state_dict(config: Mapping[str, Any], seed: int) -> dict[str, torc
     return state
 
 
+# Bump when synthetic_state_dict draws different weights: it keys the pointer that lets a store skip redrawing.
+SYNTHETIC_FORMAT = 2
+
+
 def write_synthetic_checkpoint(store: Store, preset: Preset) -> CheckpointRef:
-    """Write the preset's synthetic checkpoint into the store (a no-op when already there)."""
+    """Write the preset's synthetic checkpoint into the store, or find the one already there.
+
+    Drawing the weights costs seconds at real widths (1.75B values for ``block``) and every flow step
+    that needs the checkpoint asks for it, so ``refs/synthetic/<key>`` remembers the checkpoint of a
+    (config, seed, format); the pointer is only trusted while the weights blob it names is present.
+    """
+    key_doc = {"config": _jsonable(preset.config), "seed": preset.weight_seed, "format": SYNTHETIC_FORMAT}
+    key = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()[:32]
+    pointer = store.read_ref("synthetic", key)
+    if pointer is not None and all(store.has_blob(sha) for sha in pointer["weights"].values()):
+        return load_checkpoint_ref(store, pointer["sha256"])
     state = synthetic_state_dict(preset.config, preset.weight_seed)
     ref = store.put_bytes(save_safetensors(state))
     del state
     weights = {"diffusion_pytorch_model.safetensors": ref.sha256}
-    return _checkpoint_ref(store, "synthetic", preset.config, weights, location=None)
+    checkpoint = _checkpoint_ref(store, "synthetic", preset.config, weights, location=None)
+    store.write_ref("synthetic", key, {"sha256": checkpoint.sha256, "weights": weights})
+    return checkpoint
 
 
 def open_real_checkpoint(
