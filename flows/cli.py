@@ -52,6 +52,10 @@ CheckpointOpt = Annotated[
 ]
 CaptureOpt = Annotated[str, typer.Option("--capture", help="blocks (default) or nodes")]
 ProvidersOpt = Annotated[str | None, typer.Option("--providers", help="Comma-separated BF16 providers")]
+SplitOpt = Annotated[str, typer.Option(
+    "--split", help="Split each model over devices: cuda:0,cuda:1 (even) or cuda:0=26,cuda:1=24 (blocks each)")]
+GpusPerRunOpt = Annotated[int, typer.Option(
+    "--gpus-per-run", min=1, help="With --device cuda: split each model over this many GPUs; runs fan out per group")]
 
 
 def _run(body: Callable[[], T]) -> T:
@@ -94,11 +98,11 @@ def _store(store: str | None, storage_options: str | None) -> Any:
 
 
 def _common(store: str | None, preset: str, overrides: list[str] | None, device: str, checkpoint: str | None,
-            capture: str) -> dict[str, Any]:
+            capture: str, split: str = "", gpus_per_run: int = 1) -> dict[str, Any]:
     from tasks.model import parse_overrides
 
     return dict(store=store, preset=preset, overrides=parse_overrides(overrides), device=device,
-                checkpoint=checkpoint, capture=capture)
+                checkpoint=checkpoint, capture=capture, split=split, gpus_per_run=gpus_per_run)
 
 
 def _split(value: str | None) -> list[str]:
@@ -116,6 +120,8 @@ def reference(
     checkpoint: CheckpointOpt = None,
     capture: CaptureOpt = "blocks",
     force: Annotated[bool, typer.Option("--force", help="Re-capture runs the store already holds")] = False,
+    split: SplitOpt = "",
+    gpus_per_run: GpusPerRunOpt = 1,
 ) -> None:
     """Make (or reuse) the FP32 + BF16-provider reference of a preset and store it, hashed."""
 
@@ -123,7 +129,7 @@ def reference(
         from flows.reference import ReferenceParams, reference_flow
 
         _apply_storage_options(storage_options)
-        params = ReferenceParams(**_common(store, preset, overrides, device, checkpoint, capture),
+        params = ReferenceParams(**_common(store, preset, overrides, device, checkpoint, capture, split, gpus_per_run),
                                  providers=_split(providers), force=force)
         with _console():
             info = reference_flow(params)
@@ -283,6 +289,8 @@ def gate(
     reference_id: ReferenceOpt = None,
     nodes: NodesOpt = None,
     keep_candidate: KeepOpt = False,
+    split: SplitOpt = "",
+    gpus_per_run: GpusPerRunOpt = 1,
 ) -> None:
     """Gate the candidate kernels against a stored, calibrated reference. Exit 0 pass, 1 fail, 2 error."""
 
@@ -290,7 +298,7 @@ def gate(
         from flows.gate import GateParams, gate_flow
 
         _apply_storage_options(storage_options)
-        params = GateParams(**_common(store, preset, overrides, device, checkpoint, "blocks"),
+        params = GateParams(**_common(store, preset, overrides, device, checkpoint, "blocks", split, gpus_per_run),
                             reference_id=reference_id, nodes=_split(nodes), keep_candidate=keep_candidate)
         with _console():
             result = gate_flow(params)
@@ -311,6 +319,8 @@ def qualify(
     capture: CaptureOpt = "blocks",
     nodes: NodesOpt = None,
     keep_candidate: KeepOpt = False,
+    split: SplitOpt = "",
+    gpus_per_run: GpusPerRunOpt = 1,
 ) -> None:
     """Reference (reused if stored) -> calibrate -> gate. Exit 0 pass, 1 numerical fail, 2 error."""
 
@@ -318,7 +328,7 @@ def qualify(
         from flows.qualify import QualifyParams, qualify_flow
 
         _apply_storage_options(storage_options)
-        params = QualifyParams(**_common(store, preset, overrides, device, checkpoint, capture),
+        params = QualifyParams(**_common(store, preset, overrides, device, checkpoint, capture, split, gpus_per_run),
                                providers=_split(providers), nodes=_split(nodes), keep_candidate=keep_candidate)
         with _console():
             result = qualify_flow(params)
@@ -516,6 +526,46 @@ def diagnose(
             typer.echo(f"isolation {block['block']}: " + (f"creates error: {', '.join(creators)}" if creators
                                                           else "no node creates error (it carries it)"))
         typer.echo(f"diagnose {result.run_id}\n  report {result.report_url}")
+
+    _run(body)
+
+
+@app.command()
+def plan(
+    preset: PresetOpt = "tiny",
+    device: DeviceOpt = "cpu",
+    overrides: SetOpt = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="float32 or bfloat16")] = "bfloat16",
+    provider: Annotated[str | None, typer.Option("--provider", help="Provider (its attention kind)")] = None,
+    split: SplitOpt = "",
+    gpus: Annotated[int, typer.Option("--gpus", min=0, help="Plan an even split over cuda:0..N-1 (no GPU needed "
+                                      "with --memory)")] = 0,
+    memory: Annotated[str | None, typer.Option("--memory", help="Memory per device, e.g. 141GB or 80GiB "
+                                               "(default: ask each device)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON")] = False,
+) -> None:
+    """The per-device memory plan of one run, before anything is allocated. Exit 0 fits, 1 does not fit, 2 error."""
+
+    def body() -> None:
+        from tasks.memory_plan import parse_bytes, plan_memory
+        from tasks.model import get_preset, parse_overrides
+        from tasks.placement import Placement
+        from tasks.providers import resolve_provider
+
+        chosen = get_preset(preset, parse_overrides(overrides))
+        layers = chosen.config["num_layers"]
+        if gpus and split:
+            raise ValueError("give --gpus or --split, not both")
+        placement = (Placement.even([f"cuda:{i}" for i in range(gpus)], layers) if gpus
+                     else Placement.parse(split, layers) if split else Placement.single(device, layers))
+        capacities = dict.fromkeys(placement.devices, parse_bytes(memory)) if memory else None
+        runner = resolve_provider(provider, placement.main_device) if provider else None
+        result = plan_memory(chosen, dtype, placement, provider=runner, capacities=capacities)
+        typer.echo(json.dumps(result.to_json(), indent=2) if as_json else
+                   f"{chosen.name} {dtype} S={result.seq_len}, {'fused' if result.fused_attention else 'math'} "
+                   f"attention, GiB\n{result.table()}")
+        if not all(d.fits for d in result.devices):
+            raise typer.Exit(1)
 
     _run(body)
 

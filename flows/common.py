@@ -22,6 +22,14 @@ class StoreParams(BaseModel):
         default_factory=dict, description="Preset overrides: model config or sample fields, e.g. {num_layers: 4}"
     )
     device: str = Field("cpu", description="Torch device to run on: cpu, cuda, cuda:1 ...")
+    split: str = Field(
+        "", description="Split each model over devices: 'cuda:0,cuda:1' (even) or 'cuda:0=26,cuda:1=24' (blocks per "
+        "device; repeat a device for two ranges on it). Empty: the whole model on `device`"
+    )
+    gpus_per_run: int = Field(
+        1, ge=1, description="With device 'cuda' and no split: each model split evenly over this many GPUs; "
+        "provider runs fan out, one per group of GPUs"
+    )
     checkpoint: str | None = Field(
         None, description="Real checkpoint (diffusers folder or .safetensors files, path or URL); default synthetic"
     )

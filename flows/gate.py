@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from prefect import flow
 from pydantic import BaseModel, Field
 
 from flows.common import StoreParams
 from tasks import steps
+from tasks.placement import lane_target, lanes
 
 
 class GateParams(StoreParams):
@@ -55,8 +57,11 @@ def gate_flow(params: GateParams | None = None) -> GateResult:
                           stage="golden", golden_failed=golden_failed)
 
     # 4-5. The bound candidate, every tensor compared as produced; the verdict
-    run = steps.run_candidate.with_options(tags=gpu)(store, reference, preset, overrides, checkpoint, device,
-                                                     params.nodes, params.keep_candidate)
+    #      (a split model: `split`, or the first group of `gpus_per_run` GPUs)
+    visible = torch.cuda.device_count() if device == "cuda" else 0
+    run_device, split = lane_target(lanes(device, params.split, params.gpus_per_run, visible)[0])
+    run = steps.run_candidate.with_options(tags=gpu)(store, reference, preset, overrides, checkpoint, run_device,
+                                                     params.nodes, params.keep_candidate, split)
     gid, verdict, documents = steps.decide(store, reference, rule, run, golden)
 
     # 6. Publish: report in the store, artifacts in Prefect

@@ -11,32 +11,32 @@ from pydantic import Field
 
 from flows.common import StoreParams
 from tasks import steps
+from tasks.placement import assign_lanes, lane_target, lanes
 from tasks.providers import DEFAULT_PROVIDER, device_type_of, resolve_providers
 from tasks.reference import ReferenceInfo
 
 
-def assign_devices(providers: list[str], device: str, visible: int) -> dict[str, str]:
-    """The device of each provider run: round-robin over cuda:0..N-1 when the reference is made on `cuda` with N > 1
-    GPUs visible (one run per GPU at a time); otherwise every run on `device`, in sequence."""
-    if device != "cuda" or visible < 2:
-        return {name: device for name in providers}
-    return {name: f"cuda:{i % visible}" for i, name in enumerate(providers)}
-
-
-def _provider_runs(capture: Any, run: dict[str, Any], devices: dict[str, str]) -> dict[str, Any]:
-    """BF16 provider runs: in sequence on one device; else one lane per GPU, lanes concurrent, runs in a lane chained.
+def _capture_in_lanes(capture: Any, run: dict[str, Any], runs: dict[str, str], lane_specs: list[str]) -> dict[str, Any]:
+    """Every run (provider name -> dtype), round-robin over lanes: in sequence with one lane; else lanes concurrent,
+    the runs of a lane chained (a lane is one device, or the group of devices one split model occupies).
 
     Concurrent runs are submitted to the flow's process pool: providers set process-global torch and diffusers
     switches (attention backend, oneDNN, TF32, BLAS), so two of them must never share a process.
     """
-    if len(set(devices.values())) < 2:
-        return {name: capture(**run, device=dev, provider_name=name, dtype="bfloat16") for name, dev in devices.items()}
+    assigned = assign_lanes(list(runs), lane_specs)
+
+    def args(name: str) -> dict[str, Any]:
+        device, split = lane_target(assigned[name])
+        return dict(run, device=device, split=split, provider_name=name, dtype=runs[name])
+
+    if len(lane_specs) < 2:
+        return {name: capture(**args(name)) for name in runs}
     futures: dict[str, Any] = {}
     last: dict[str, Any] = {}
-    for name, dev in devices.items():
-        futures[name] = capture.submit(**run, device=dev, provider_name=name, dtype="bfloat16",
-                                       wait_for=[last[dev]] if dev in last else None)
-        last[dev] = futures[name]
+    for name in runs:
+        lane = assigned[name]
+        futures[name] = capture.submit(**args(name), wait_for=[last[lane]] if lane in last else None)
+        last[lane] = futures[name]
     return {name: future.result() for name, future in futures.items()}
 
 
@@ -58,14 +58,16 @@ def reference_flow(params: ReferenceParams | None = None) -> ReferenceInfo:
     checkpoint = steps.prepare_checkpoint(**common, checkpoint=params.checkpoint)
     sample_sha = steps.prepare_sample(**common)
 
-    # Runs: FP32 first, its rounding-noise twin, then every BF16 provider
-    # (GPU runs carry the `gpu` tag; with several GPUs visible the provider runs fan out, one GPU each)
+    # Runs: FP32, its rounding-noise twin, then every BF16 provider. GPU runs carry the `gpu` tag; with several
+    # lanes (GPUs, or groups of GPUs that each hold one split model) the runs fan out over them.
     capture = steps.capture_run.with_options(tags=steps.gpu_tags(params.device))
     run = dict(common, checkpoint=checkpoint, sample_sha=sample_sha, granularity=params.capture, force=params.force)
-    fp32 = capture(**run, device=params.device, provider_name="fp32", dtype="float32")
-    fp32_alt = capture(**run, device=params.device, provider_name="fp32-alt", dtype="float32")
     visible = torch.cuda.device_count() if params.device == "cuda" else 0
-    provider_runs = _provider_runs(capture, run, assign_devices(providers, params.device, visible))
+    lane_specs = lanes(params.device, params.split, params.gpus_per_run, visible)
+    runs = _capture_in_lanes(capture, run, {"fp32": "float32", "fp32-alt": "float32",
+                                            **dict.fromkeys(providers, "bfloat16")}, lane_specs)
+    fp32, fp32_alt = runs.pop("fp32"), runs.pop("fp32-alt")
+    provider_runs = runs
 
     # Inventory: reference-manifest.json
     default = DEFAULT_PROVIDER[device_type_of(params.device)]

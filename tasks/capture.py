@@ -29,7 +29,7 @@ import socket
 import subprocess
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -319,27 +319,23 @@ def record_run(
     progress: Callable[[int, int], None] | None = None,
     metadata: Mapping[str, Any] | None = None,
     overwrite: bool = False,
+    model_devices: Sequence[str] = (),
 ) -> RunInfo:
     """Capture one run of ``model`` (already in ``spec.dtype``) into the store; the manifest is written last.
 
     An interrupted run left no manifest, so rerunning it re-captures and skips the blobs it had
-    already written. ``overwrite`` replaces an existing manifest (a forced regeneration).
+    already written. ``overwrite`` replaces an existing manifest (a forced regeneration). Peak memory
+    is measured on ``device`` and on every CUDA device in ``model_devices`` (a split model).
     """
     run_id = spec.run_id
     expected = expected_tensor_count(model, spec.granularity, spec.golden_inputs)
     sink = StoreSink(store, progress=(lambda done: progress(done, expected)) if progress else None)
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
     bytes_before = store.bytes_written
     started = time.perf_counter()
-    with activate(provider, device) as actual:
+    with activate(provider, device) as actual, PeakMemory((device, *model_devices)) as memory:
         run_capture(model, sample, sink, device=device, granularity=spec.granularity, golden_inputs=spec.golden_inputs)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
     wall_s = time.perf_counter() - started
     new_tensor_bytes = store.bytes_written - bytes_before  # before the manifest: tensor blobs only
-    peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
     manifest = {
         "run_id": run_id,
         "tensors": sink.records,
@@ -349,13 +345,38 @@ def record_run(
             "provider_requested": provider.to_json(),
             "provider_actual": actual,
             "wall_s": round(wall_s, 3),
-            "peak_device_bytes": peak,
+            "peak_device_bytes": memory.peak,
+            "peak_device_bytes_by_device": memory.by_device,
             **dict(metadata or {}),
         },
     }
     manifest_ref = store.write_manifest(run_id, manifest, overwrite=overwrite)
     stored = sum(r["bytes"] for r in sink.records.values())
-    return RunInfo(run_id, manifest_ref.sha256, len(sink.records), stored, new_tensor_bytes, False, wall_s, peak)
+    return RunInfo(run_id, manifest_ref.sha256, len(sink.records), stored, new_tensor_bytes, False, wall_s,
+                   memory.peak)
+
+
+class PeakMemory:
+    """Peak allocated bytes on each CUDA device among ``devices`` over a ``with`` block (synchronized at exit)."""
+
+    def __init__(self, devices: Sequence[str | torch.device]) -> None:
+        self.devices = sorted({torch.device(d) for d in devices if torch.device(d).type == "cuda"}, key=str)
+        self.by_device: dict[str, int] = {}
+
+    def __enter__(self) -> PeakMemory:
+        for device in self.devices:
+            torch.cuda.reset_peak_memory_stats(device)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for device in self.devices:
+            torch.cuda.synchronize(device)
+        self.by_device = {str(d): torch.cuda.max_memory_allocated(d) for d in self.devices}
+
+    @property
+    def peak(self) -> int | None:
+        """The largest per-device peak (None on the CPU)."""
+        return max(self.by_device.values()) if self.by_device else None
 
 
 def run_environment(device: str | torch.device) -> dict[str, Any]:

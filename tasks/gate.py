@@ -28,9 +28,10 @@ import torch
 
 from tasks import rules
 from tasks.calibration import NOT_GATED_KINDS, RuleFiles, single_bounds
-from tasks.capture import DTYPES, StoreSink, run_capture
+from tasks.capture import DTYPES, PeakMemory, StoreSink, run_capture
 from tasks.compare import TensorComparison, canonical_json, compare_tensors
 from tasks.model import CheckpointRef, Preset, load_model, read_sample, verify_checkpoint
+from tasks.placement import Placement
 from tasks.providers import activate, resolve_provider
 from tasks.reference import INVENTORY_FILE, ReferenceInfo
 from tasks.store import Store
@@ -108,15 +109,15 @@ def prepare_extension(device: str) -> dict[str, Any]:
 class CompareSink:
     """Compares each candidate tensor with its FP32 reference the moment it is produced.
 
-    Reference tensors are read (and verified) from the store one at a time, on the run's device, so
-    the gate never holds a second copy of the model's tensors; ``keep`` also stores the candidate's.
+    Reference tensors are read (and verified) from the store one at a time, onto the device the tensor
+    was produced on (a split model's devices), so the gate never holds a second copy of the model's
+    tensors; ``keep`` also stores the candidate's.
     """
 
-    def __init__(self, store: Store, reference_tensors: Mapping[str, Mapping[str, Any]], device: str,
+    def __init__(self, store: Store, reference_tensors: Mapping[str, Mapping[str, Any]],
                  keep: StoreSink | None = None, progress: Callable[[int], None] | None = None) -> None:
         self.store = store
         self.reference = reference_tensors
-        self.device = device
         self.keep = keep
         self.progress = progress
         self.comparisons: dict[str, TensorComparison] = {}
@@ -132,7 +133,7 @@ class CompareSink:
         if record is None:
             self.unexpected.append(name)
             return
-        reference = self.store.get_tensor(record["sha256"], name=name, device=self.device)
+        reference = self.store.get_tensor(record["sha256"], name=name, device=str(tensor.device))
         self.comparisons[name] = compare_tensors(name, tensor, reference)
         self.order[name] = order
         del reference
@@ -166,32 +167,32 @@ def run_candidate(
     overrides: Mapping[tuple[str, str], Callable[..., Any]] | None = None,
     keep_candidate: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    placement: Placement | None = None,
 ) -> CandidateRun:
-    """Run the strictly bound BF16 candidate once, comparing every tensor against the FP32 reference."""
+    """Run the strictly bound BF16 candidate once, comparing every tensor against the FP32 reference.
+
+    ``placement`` splits the candidate model over devices like a reference run (first device: ``device``).
+    """
     from h3kernels import ALL_NODES, bind
 
     fp32_manifest = store.read_manifest(reference.fp32_run)
     ref_tensors = fp32_manifest["tensors"]
     granularity = fp32_manifest["identity"]["granularity"]
     sample = read_sample(store, reference.sample_sha, preset.config)
-    model = load_model(store, checkpoint, DTYPES[CANDIDATE_DTYPE], device)
+    placement = placement or Placement.single(device, preset.config["num_layers"])
+    device = placement.main_device
+    model = load_model(store, checkpoint, DTYPES[CANDIDATE_DTYPE], device, placement)
     binding = bind(model, tuple(nodes) if nodes is not None else ALL_NODES, strict=True, overrides=overrides)
     candidate = binding.describe()
     gated = sum(1 for r in ref_tensors.values() if r["kind"] not in NOT_GATED_KINDS)
     keep = StoreSink(store) if keep_candidate else None
-    sink = CompareSink(store, ref_tensors, device, keep,
-                       progress=(lambda done: progress(done, gated)) if progress else None)
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
+    sink = CompareSink(store, ref_tensors, keep, progress=(lambda done: progress(done, gated)) if progress else None)
     started = time.perf_counter()
     # The candidate runs under the default provider: the nodes it does not replace are diffusers' own.
     provider = resolve_provider(reference.default_provider, device)
     try:
-        with activate(provider, device):
+        with activate(provider, device), PeakMemory(placement.devices) as memory:
             run_capture(model, sample, sink, device=device, granularity=granularity)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
     finally:
         binding.unbind()
     wall_s = time.perf_counter() - started
@@ -203,7 +204,7 @@ def run_candidate(
         missing_nodes=binding.missing(),
         candidate=candidate,
         wall_s=wall_s,
-        peak_device_bytes=torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
+        peak_device_bytes=memory.peak,
         kept_run=kept_run,
         unexpected=sink.unexpected,
     )

@@ -34,6 +34,7 @@ from fsspec.implementations.local import LocalFileSystem
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from tasks.placement import Placement, dispatch
 from tasks.store import BlobCorrupt, BlobMissing, Store
 
 # Modality tags of the released model (diffusers' MINIMAX_H3_{VIDEO,TEXT,AUDIO}_TAG).
@@ -388,24 +389,35 @@ def verify_checkpoint(store: Store, checkpoint: CheckpointRef, storage_options: 
             )
 
 
-def load_model(store: Store, checkpoint: CheckpointRef, dtype: torch.dtype, device: str | torch.device) -> Any:
+def load_model(
+    store: Store, checkpoint: CheckpointRef, dtype: torch.dtype, device: str | torch.device,
+    placement: Placement | None = None,
+) -> Any:
     """Load ``MiniMaxH3Transformer3DModel`` through ``from_pretrained(torch_dtype=dtype)``.
 
     Going through diffusers' own loader is what makes ``_keep_in_fp32_modules`` apply exactly as in
-    production (``model.to(torch.bfloat16)`` would cast those modules too).
+    production (``model.to(torch.bfloat16)`` would cast those modules too). A split ``placement``
+    loads each module straight onto its device through the accelerate device map (the whole model is
+    never on one device) and dispatches it; otherwise the model goes to ``device``.
     """
     from diffusers import MiniMaxH3Transformer3DModel
     from diffusers.utils import logging as diffusers_logging
 
+    split = placement is not None and placement.is_split
     with tempfile.TemporaryDirectory(prefix="h3gate-ckpt-") as folder:
         _materialize_folder(store, checkpoint, Path(folder))
         verbosity = diffusers_logging.get_verbosity()
         diffusers_logging.set_verbosity_error()
         try:
-            model = MiniMaxH3Transformer3DModel.from_pretrained(folder, torch_dtype=dtype)
+            model = MiniMaxH3Transformer3DModel.from_pretrained(
+                folder, torch_dtype=dtype, **({"device_map": placement.device_map()} if split else {})
+            )
         finally:
             diffusers_logging.set_verbosity(verbosity)
-    model.to(device)
+    if split:
+        dispatch(model, placement)
+    else:
+        model.to(device)
     model.train(False)
     return model
 

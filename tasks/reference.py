@@ -18,7 +18,9 @@ from typing import Any
 import torch
 
 from tasks.capture import DTYPES, Granularity, RunInfo, RunSpec, record_run, stored_run
+from tasks.memory_plan import plan_memory
 from tasks.model import CheckpointRef, Preset, load_model, read_sample
+from tasks.placement import Placement
 from tasks.providers import Provider, device_type_of, fp32_provider
 from tasks.store import Store
 
@@ -85,19 +87,33 @@ def capture_reference_run(
     granularity: Granularity = "blocks",
     force: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    placement: Placement | None = None,
 ) -> RunInfo:
-    """Make (or reuse) one reference run: load the model in ``dtype``, run it under ``provider``."""
+    """Make (or reuse) one reference run: load the model in ``dtype``, run it under ``provider``.
+
+    ``placement`` splits the model over devices (its first device is then ``device``); before anything
+    is loaded the memory plan of that placement is checked, and a run that cannot fit is refused with
+    ``PlanDoesNotFit``. Placement and plan are recorded in the run's metadata: they do not change what
+    the run computes, so they are not part of its identity.
+    """
+    placement = placement or Placement.single(str(device), preset.config["num_layers"])
+    device = placement.main_device
     spec = run_spec(preset, checkpoint, sample_sha, provider, dtype, device, granularity)
     if not force and (stored := stored_run(store, spec.run_id)) is not None:
         return stored
+    plan = plan_memory(preset, dtype, placement, provider=provider, granularity=granularity)
+    plan.require_fit()
     sample = read_sample(store, sample_sha, preset.config)
-    model = load_model(store, checkpoint, DTYPES[dtype], device)
+    model = load_model(store, checkpoint, DTYPES[dtype], device, placement)
     try:
-        return record_run(store, spec, model, sample, provider, device=device, progress=progress, overwrite=force)
+        return record_run(store, spec, model, sample, provider, device=device, progress=progress, overwrite=force,
+                          metadata={"placement": placement.to_json(), "memory_plan": plan.to_json()},
+                          model_devices=placement.devices)
     finally:
         del model
-        if torch.device(device).type == "cuda":
-            torch.cuda.empty_cache()
+        for dev in {torch.device(d) for d in placement.devices}:
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
 
 
 def inventory(

@@ -28,6 +28,7 @@ from tasks import progress as progress_lib
 from tasks import reference as reference_lib
 from tasks.calibration import ReportSet
 from tasks.capture import RunInfo
+from tasks.placement import Placement, PlacementError
 from tasks.providers import device_type_of, resolve_provider
 from tasks.store import Store, StoreUnreachable
 
@@ -85,15 +86,19 @@ def capture_run(
     device: str,
     granularity: str = "blocks",
     force: bool = False,
+    split: str = "",
 ) -> RunInfo:
-    """One reference run (forward + backward, every tensor streamed to the store)."""
+    """One reference run (forward + backward, every tensor streamed to the store), split over devices by ``split``."""
     logger = get_run_logger()
     preset = model_lib.get_preset(preset_name, overrides)
+    placement = split_placement(split, device, preset)
     provider = resolve_provider(provider_name, device)
+    if placement is not None:
+        logger.info("%s %s split over %s", provider_name, dtype, placement.describe())
     progress = _Progress(f"capture {provider_name} {dtype}")
     info = reference_lib.capture_reference_run(
         Store.from_env(store_url), preset, checkpoint, sample_sha, provider, dtype, device,
-        granularity=granularity, force=force, progress=progress,  # type: ignore[arg-type]
+        granularity=granularity, force=force, progress=progress, placement=placement,  # type: ignore[arg-type]
     )
     progress.finish()
     logger.info(
@@ -102,6 +107,16 @@ def capture_run(
         " (reused)" if info.reused else "", info.wall_s,
     )
     return info
+
+
+def split_placement(split: str, device: str, preset: model_lib.Preset) -> Placement | None:
+    """The placement a ``split`` spec names (None when empty); its first device must be of ``device``'s type."""
+    if not split:
+        return None
+    placement = Placement.parse(split, preset.config["num_layers"])
+    if device_type_of(placement.main_device) != device_type_of(device):
+        raise PlacementError(f"split {split!r} starts on {placement.main_device}, but the run's device is {device}")
+    return placement
 
 
 @task(name="write-reference", **STORE_RETRIES)
@@ -228,12 +243,14 @@ def run_candidate(
     device: str,
     nodes: list[str] | None,
     keep_candidate: bool,
+    split: str = "",
 ) -> gate_lib.CandidateRun:
     """The strictly bound candidate, forward + backward, every tensor compared as it is produced."""
     progress = _Progress("candidate forward+backward")
+    preset = model_lib.get_preset(preset_name, overrides)
     run = gate_lib.run_candidate(
-        Store.from_env(store_url), reference, model_lib.get_preset(preset_name, overrides), checkpoint,
-        device=device, nodes=nodes or None, keep_candidate=keep_candidate, progress=progress,
+        Store.from_env(store_url), reference, preset, checkpoint, device=device, nodes=nodes or None,
+        keep_candidate=keep_candidate, progress=progress, placement=split_placement(split, device, preset),
     )
     progress.finish()
     return run

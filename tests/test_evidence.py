@@ -1,4 +1,4 @@
-"""Evidence bundles (redaction, tests.json, SHA256SUMS), cached calibration, and the provider-run device plan."""
+"""Evidence bundles (redaction, tests.json, SHA256SUMS) and cached calibration."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 
 from flows.calibrate import CalibrateParams, calibrate_flow
 from flows.qualify import QualifyParams, qualify_flow
-from flows.reference import assign_devices
 from tasks.evidence import Redactor, build_bundle, verify_sums
 from tasks.store import Store
 
@@ -180,12 +179,3 @@ def test_cache_misses_when_the_store_content_changes(gated, tmp_path):
 
     assert "Cached" not in run_coro_as_sync(names())  # another store URL is another input
 
-
-def test_provider_runs_device_plan():
-    names = ["default", "flash", "efficient", "cudnn", "math"]
-    assert assign_devices(names, "cpu", 0) == dict.fromkeys(names, "cpu")
-    assert assign_devices(names, "cuda", 1) == dict.fromkeys(names, "cuda")
-    assert assign_devices(names, "cuda:1", 4) == dict.fromkeys(names, "cuda:1")  # a pinned device stays pinned
-    assert assign_devices(names, "cuda", 2) == {"default": "cuda:0", "flash": "cuda:1", "efficient": "cuda:0",
-                                                "cudnn": "cuda:1", "math": "cuda:0"}
-    assert list(assign_devices(names, "cuda", 8).values()) == [f"cuda:{i}" for i in range(5)]
