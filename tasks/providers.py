@@ -21,12 +21,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import platform
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+
+# oneDNN picks its BF16 GEMM kernels by the best ISA of the host: Intel AMX kernels (Sapphire Rapids and later)
+# round differently from AVX-512 BF16 ones, so a CPU reference, its provider spread and the calibrated k would
+# depend on which host made them (measured on the tiny preset: k 1.375 without AMX, 1.077 with it, and the honest
+# candidate then over its bound on two norm-weight gradients). CPU references cap oneDNN at AVX-512 BF16, the
+# same kernels on both kinds of host; an ONEDNN_MAX_CPU_ISA the user sets wins. oneDNN reads it lazily, at its
+# first primitive, so setting it at import (before any run) is in time.
+CPU_ONEDNN_MAX_ISA = "AVX512_CORE_BF16"
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", CPU_ONEDNN_MAX_ISA)
 
 
 class ProviderUnavailable(RuntimeError):
@@ -203,6 +214,7 @@ def actual_configuration(provider: Provider, device: str | torch.device) -> dict
     actual: dict[str, Any] = {
         "attention_backend": str(_AttentionBackendRegistry.get_active_backend()[0].value),
         "onednn": bool(torch.backends.mkldnn.enabled),
+        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
         "threads": torch.get_num_threads(),
         "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
         "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),

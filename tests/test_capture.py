@@ -98,3 +98,21 @@ def test_bf16_providers_really_differ(store, tiny, tiny_checkpoint, tiny_sample_
 def test_model_fixture_is_float32(tiny_model):
     assert all(p.dtype == torch.float32 for p in tiny_model.parameters())
     assert model_lib.GRAD_INPUTS == ("hidden_states", "audio_hidden_states", "encoder_hidden_states")
+
+
+def test_cpu_references_use_the_same_onednn_kernels_on_every_host(tmp_path):
+    """Importing the providers caps oneDNN below Intel AMX (whose BF16 GEMMs round differently), so a CPU
+    reference does not depend on whether its host has AMX; the cap is recorded in the run's actual provider."""
+    import os
+    import subprocess
+    import sys
+
+    from tasks.providers import CPU_ONEDNN_MAX_ISA, actual_configuration
+
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"} | {"ONEDNN_VERBOSE": "1"}
+    script = "import tasks.providers, torch; a = torch.ones(64, 64, dtype=torch.bfloat16); a @ a"
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    isa = [line for line in out.splitlines() if ",info,cpu,isa:" in line]
+    assert isa and "AMX" not in isa[0], isa
+    with activate(CPU_PROVIDERS["cpu-default"], "cpu"):
+        assert actual_configuration(CPU_PROVIDERS["cpu-default"], "cpu")["onednn_max_cpu_isa"] == CPU_ONEDNN_MAX_ISA
