@@ -40,7 +40,8 @@ def bare_forward_backward(model, sample, device: str, reps: int) -> list[float]:
         started = time.perf_counter()
         output = model(**inputs, return_dict=True)
         outputs = [getattr(output, field) for field in UPSTREAM_GRADS]
-        grads = [sample[g].to(device=t.device, dtype=t.dtype) for g, t in zip(UPSTREAM_GRADS.values(), outputs)]
+        pairs = zip(UPSTREAM_GRADS.values(), outputs, strict=True)
+        grads = [sample[g].to(device=t.device, dtype=t.dtype) for g, t in pairs]
         torch.autograd.backward(outputs, grads)
         _sync(device)
         if rep:
