@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-
 # oneDNN picks its BF16 GEMM kernels by the best ISA of the host: Intel AMX kernels (Sapphire Rapids and later)
 # round differently from AVX-512 BF16 ones, so a CPU reference, its provider spread and the calibrated k would
 # depend on which host made them (measured on the tiny preset: k 1.375 without AMX, 1.077 with it, and the honest
