@@ -13,6 +13,8 @@ from pydantic import BaseModel, Field
 
 from flows.calibrate import CalibrateParams, calibrate_flow
 from flows.reference import ReferenceParams, reference_flow
+from tasks import model as model_lib
+from tasks import mutants as mutants_lib
 from tasks import steps
 
 
@@ -40,6 +42,8 @@ def selftest_flow(params: SelftestParams | None = None) -> SelftestResult:
     """Does the gate catch realistic kernel bugs, and does it pass correct implementations?"""
     params = params or SelftestParams()
     fields = params.model_dump()
+    # A mistyped mutant fails here, before minutes of reference runs
+    mutants_lib.select(model_lib.get_preset(params.preset, params.overrides).config, params.mutants)
 
     # Reference and rule: every run reused when the store already holds it
     reference = reference_flow(ReferenceParams(**{k: fields[k] for k in ReferenceParams.model_fields}))

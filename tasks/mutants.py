@@ -248,4 +248,13 @@ def library(config: Mapping[str, Any]) -> tuple[Mutant, ...]:
     )
 
 
-__all__ = ["HONEST_BLOCK_OPS", "Mutant", "honest_ops", "library"]
+def select(config: Mapping[str, Any], names: list[str] | None) -> list[Mutant]:
+    """The named mutants of the library (all when ``names`` is empty); ValueError naming any unknown one."""
+    available = library(config)
+    unknown = sorted(set(names or ()) - {m.name for m in available})
+    if unknown:
+        raise ValueError(f"unknown mutants {unknown}; known: {[m.name for m in available]}")
+    return [m for m in available if not names or m.name in names]
+
+
+__all__ = ["HONEST_BLOCK_OPS", "Mutant", "honest_ops", "library", "select"]

@@ -378,11 +378,7 @@ def selftest(
 
     store = Store.from_env(store_url)
     preset = model_lib.get_preset(preset_name, overrides)
-    library = mutants_lib.library(preset.config)
-    unknown = sorted(set(mutants or ()) - {m.name for m in library})
-    if unknown:
-        raise ValueError(f"unknown mutants {unknown}; known: {[m.name for m in library]}")
-    chosen = [m for m in library if not mutants or m.name in mutants]
+    chosen = mutants_lib.select(preset.config, mutants)
     logger = get_run_logger()
     result = selftest_lib.run_selftest(store, reference, rule, preset, checkpoint, device=device, mutants=chosen,
                                        seed=seed, progress=logger.info)

@@ -144,3 +144,15 @@ def test_cli_selftest_exits_1_when_a_must_catch_mutant_escapes(prefect_api, tmp_
     doc = s.read_document(f"{ref['reference_id']}-selftest", "selftest.json")
     assert doc["summary"]["must_catch_escaped"] == ["harmless"]
     assert (store / "runs" / f"{ref['reference_id']}-selftest" / "report.html").exists()
+
+
+def test_cli_selftest_refuses_an_unknown_mutant_before_any_reference_run(prefect_api, tmp_path):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    store = tmp_path / "store"
+    out = CliRunner().invoke(app, ["selftest", "--store", str(store), "--mutants", "softmax_scale"])
+    assert out.exit_code != 0
+    assert "unknown mutants ['softmax_scale']" in out.output and "softmax-scale" in out.output
+    assert not (store / "runs").exists()
