@@ -17,7 +17,7 @@ Golden-block inputs (``in/...``) are replay data, not model tensors: no report o
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,28 +43,35 @@ def gated_names(manifest: Mapping[str, Any]) -> list[str]:
 
 
 def compare_stored_runs(
-    store: Store, candidate_run: str, reference_run: str, *, device: str = "cpu"
-) -> list[TensorComparison]:
-    """Compare every gated tensor of ``candidate_run`` with ``reference_run``, in the reference's order.
+    store: Store, candidate_runs: Sequence[str], reference_run: str, *, device: str = "cpu"
+) -> dict[str, list[TensorComparison]]:
+    """Compare every gated tensor of each candidate run with ``reference_run``, in the reference's order.
 
-    A tensor the reference has and the candidate lacks (or the other way round) is an error naming it.
+    One sweep over the reference: each of its tensors is read (and its hash verified) once, however
+    many runs are compared with it; at the block preset the FP32 run is ~10 GB.
+    A tensor the reference has and a candidate lacks (or the other way round) is an error naming it.
     """
-    cand = store.read_manifest(candidate_run)["tensors"]
+    if not candidate_runs:
+        return {}
     ref_manifest = store.read_manifest(reference_run)
     names = gated_names(ref_manifest)
-    missing = [n for n in names if n not in cand]
-    extra = [n for n, r in cand.items() if r["kind"] not in NOT_GATED_KINDS and n not in ref_manifest["tensors"]]
-    if missing or extra:
-        raise rules.RuleError(
-            f"runs {candidate_run} and {reference_run} capture different tensors: "
-            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, extra {extra[:5]}"
-        )
-    out = []
+    manifests = {run: store.read_manifest(run)["tensors"] for run in candidate_runs}
+    for run, cand in manifests.items():
+        missing = [n for n in names if n not in cand]
+        extra = [n for n, r in cand.items() if r["kind"] not in NOT_GATED_KINDS and n not in ref_manifest["tensors"]]
+        if missing or extra:
+            raise rules.RuleError(
+                f"runs {run} and {reference_run} capture different tensors: "
+                f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, extra {extra[:5]}"
+            )
+    out: dict[str, list[TensorComparison]] = {run: [] for run in candidate_runs}
     for name in names:
-        candidate = store.get_tensor(cand[name]["sha256"], name=name, device=device)
         reference = store.get_tensor(ref_manifest["tensors"][name]["sha256"], name=name, device=device)
-        out.append(compare_tensors(name, candidate, reference))
-        del candidate, reference
+        for run, cand in manifests.items():
+            candidate = store.get_tensor(cand[name]["sha256"], name=name, device=device)
+            out[run].append(compare_tensors(name, candidate, reference))
+            del candidate
+        del reference
     return out
 
 
@@ -79,33 +86,33 @@ class ReportSet:
 
 
 def provider_reports(store: Store, reference: ReferenceInfo, *, device: str = "cpu") -> ReportSet:
-    """Write (or reuse) ``report-<provider>.json`` for every provider and ``fp32-noise.json``."""
-    reports: dict[str, str] = {}
-    errors: dict[str, dict[str, float]] = {}
-    runs = dict(reference.provider_runs)
-    for provider, run in sorted(runs.items()):
-        report = _report(store, reference, f"report-{provider}.json", provider, run, device)
-        reports[provider] = report[0]
-        errors[provider] = rules.errors_from_report(report[1])
-    noise = None
+    """Write (or reuse) ``report-<provider>.json`` for every provider and ``fp32-noise.json``.
+
+    The reports not yet stored are computed together, in one sweep over the FP32 run.
+    """
+    wanted = {f"report-{provider}.json": (provider, run) for provider, run in reference.provider_runs.items()}
     if reference.fp32_alt_run is not None:
-        noise = rules.errors_from_report(
-            _report(store, reference, "fp32-noise.json", FP32_ALT, reference.fp32_alt_run, device)[1]
-        )
+        wanted["fp32-noise.json"] = (FP32_ALT, reference.fp32_alt_run)
+    stored = {filename: store.read_document(reference.reference_id, filename) for filename in wanted}
+    reused = {f: doc for f, doc in stored.items() if doc is not None and doc.get("provider_run") == wanted[f][1]}
+    todo = {f: pr for f, pr in wanted.items() if f not in reused}
+    comparisons = compare_stored_runs(store, list(dict.fromkeys(run for _, run in todo.values())),
+                                      reference.fp32_run, device=device)
+    docs: dict[str, tuple[str, dict[str, Any]]] = {}
+    for filename, (provider, run) in wanted.items():
+        if filename in reused:  # already stored: put_json only re-derives the hash
+            docs[filename] = (store.put_json(reused[filename]).sha256, reused[filename])
+            continue
+        doc = _strict(rules.provider_report(provider, comparisons[run], reference_run=reference.fp32_run,
+                                            provider_run=run))
+        docs[filename] = (store.write_document(reference.reference_id, filename, doc).sha256, doc)
+    providers = sorted(reference.provider_runs)
+    noise = docs.get("fp32-noise.json")
     manifest = store.read_manifest(reference.fp32_run)
     order = {n: manifest["tensors"][n]["order"] for n in gated_names(manifest)}
-    return ReportSet(reports, errors, noise, order)
-
-
-def _report(
-    store: Store, reference: ReferenceInfo, filename: str, provider: str, run: str, device: str
-) -> tuple[str, dict[str, Any]]:
-    existing = store.read_document(reference.reference_id, filename)
-    if existing is not None and existing.get("provider_run") == run:
-        return store.put_json(existing).sha256, existing  # already stored: put_json only re-derives the hash
-    comparisons = compare_stored_runs(store, run, reference.fp32_run, device=device)
-    doc = _strict(rules.provider_report(provider, comparisons, reference_run=reference.fp32_run, provider_run=run))
-    return store.write_document(reference.reference_id, filename, doc).sha256, doc
+    return ReportSet({p: docs[f"report-{p}.json"][0] for p in providers},
+                     {p: rules.errors_from_report(docs[f"report-{p}.json"][1]) for p in providers},
+                     None if noise is None else rules.errors_from_report(noise[1]), order)
 
 
 def write_spread(store: Store, reference: ReferenceInfo, reports: ReportSet) -> dict[str, dict[str, object]]:

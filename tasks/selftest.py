@@ -241,7 +241,7 @@ def second_seed(store: Store, reference: ReferenceInfo, rule: rules.EnsembleRule
 
 
 def _errors(store: Store, run: str, fp32: str, device: str) -> dict[str, float]:
-    return {c.name: c.relative_l2 for c in calibration.compare_stored_runs(store, run, fp32, device=device)}
+    return {c.name: c.relative_l2 for c in calibration.compare_stored_runs(store, [run], fp32, device=device)[run]}
 
 
 # ------------------------------------------------------------------------------------------------ the self-test

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -190,3 +191,46 @@ def test_reference_flow_on_s3_never_shows_the_secret(prefect_api, s3_server, mon
         texts += [json.dumps(r.model_dump(mode="json")) for r in client.read_task_runs()]
         texts += [log.message for log in client.read_logs()]
     assert texts and all(SECRET not in text for text in texts)
+
+
+class _CountingStore(Store):
+    """The same store, counting tensor reads per blob (instrumentation, not a fake: every read is real)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.reads: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def get_tensor(self, sha256, *, name=None, device="cpu"):
+        self.reads[name, sha256] += 1
+        return super().get_tensor(sha256, name=name, device=device)
+
+
+def test_provider_reports_read_the_fp32_run_once_and_reuse_stored_reports(calibrated_tiny):
+    from tasks import calibration
+
+    store, _, _, reference, _ = calibrated_tiny
+    before = calibration.provider_reports(store, reference)
+    counting = _CountingStore(store.url)
+    assert calibration.provider_reports(counting, reference) == before and not counting.reads  # all reused
+
+    # two missing reports are recomputed together: one sweep, each FP32 tensor read once, the same numbers
+    root = Path(store.root) / "runs" / reference.reference_id
+    (root / "report-cpu-math.json").unlink()
+    (root / "fp32-noise.json").unlink()
+    again = calibration.provider_reports(counting, reference)
+    assert again == before
+    expected: collections.Counter[tuple[str, str]] = collections.Counter()
+    for run in (reference.fp32_run, reference.provider_runs["cpu-math"], reference.fp32_alt_run):
+        expected.update((n, r["sha256"]) for n, r in store.read_manifest(run)["tensors"].items()
+                        if not n.startswith("in/"))
+    assert counting.reads == expected
+
+
+def test_compare_stored_runs_is_the_same_run_by_run_or_together(calibrated_tiny):
+    from tasks.calibration import compare_stored_runs
+
+    store, _, _, reference, _ = calibrated_tiny
+    runs = sorted(reference.provider_runs.values())
+    together = compare_stored_runs(store, runs, reference.fp32_run)
+    for run in runs:
+        assert together[run] == compare_stored_runs(store, [run], reference.fp32_run)[run]
