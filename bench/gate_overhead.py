@@ -19,8 +19,8 @@ import torch
 
 from h3kernels import ALL_NODES, bind
 from tasks import gate
-from tasks.capture import DTYPES
-from tasks.model import UPSTREAM_GRADS, get_preset, load_model, model_inputs, read_sample, write_synthetic_checkpoint
+from tasks.capture import DTYPES, forward_backward
+from tasks.model import get_preset, load_model, model_inputs, read_sample, write_synthetic_checkpoint
 from tasks.providers import activate, resolve_provider
 from tasks.reference import current_reference
 from tasks.store import Store
@@ -38,15 +38,11 @@ def bare_forward_backward(model, sample, device: str, reps: int) -> list[float]:
         inputs = model_inputs(sample, device)
         _sync(device)
         started = time.perf_counter()
-        output = model(**inputs, return_dict=True)
-        outputs = [getattr(output, field) for field in UPSTREAM_GRADS]
-        pairs = zip(UPSTREAM_GRADS.values(), outputs, strict=True)
-        grads = [sample[g].to(device=t.device, dtype=t.dtype) for g, t in pairs]
-        torch.autograd.backward(outputs, grads)
+        forward_backward(model, inputs, sample)
         _sync(device)
         if rep:
             times.append(time.perf_counter() - started)
-        del output, outputs, grads, inputs
+        del inputs
         model.zero_grad(set_to_none=True)
     return times
 

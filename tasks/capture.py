@@ -141,21 +141,7 @@ def run_capture(
         inputs = model_inputs(sample, device)
         for arg in GRAD_INPUTS:
             handles.append(inputs[arg].register_post_accumulate_grad_hook(_input_grad_hook(recorder, arg)))
-        with warnings.catch_warnings():
-            # time_embedder's input (the sinusoidal timestep features) needs no gradient; torch warns that
-            # its full backward hook then sees output gradients only, which is what we want there.
-            warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            output = model(**inputs, return_dict=True)
-        outputs, grads = [], []
-        for field_name, grad_name in UPSTREAM_GRADS.items():
-            tensor = getattr(output, field_name)
-            recorder(f"out/{field_name}", "out", tensor)
-            outputs.append(tensor)
-            grads.append(sample[grad_name].to(device=tensor.device, dtype=tensor.dtype))
-        del output
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            torch.autograd.backward(outputs, grads)
+        forward_backward(model, inputs, sample, on_output=lambda field, t: recorder(f"out/{field}", "out", t))
     finally:
         for handle in handles:
             handle.remove()
@@ -163,6 +149,30 @@ def run_capture(
     if missing:
         raise RuntimeError(f"backward produced no gradient for {len(missing)} parameters, e.g. {missing[:3]}")
     return recorder.result
+
+
+def forward_backward(
+    model: torch.nn.Module,
+    inputs: Mapping[str, Any],
+    sample: Mapping[str, torch.Tensor],
+    *,
+    on_output: Callable[[str, torch.Tensor], None] | None = None,
+) -> None:
+    """One forward, then one backward from the sample's seeded upstream gradients (``on_output`` sees each output)."""
+    with warnings.catch_warnings():
+        # time_embedder's input (the sinusoidal timestep features) needs no gradient; torch warns that
+        # its full backward hook then sees output gradients only, which is what we want there.
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        output = model(**inputs, return_dict=True)
+        outputs, grads = [], []
+        for field_name, grad_name in UPSTREAM_GRADS.items():
+            tensor = getattr(output, field_name)
+            if on_output is not None:
+                on_output(field_name, tensor)
+            outputs.append(tensor)
+            grads.append(sample[grad_name].to(device=tensor.device, dtype=tensor.dtype))
+        del output
+        torch.autograd.backward(outputs, grads)
 
 
 def _forward_hook(recorder: _Recorder, name: str) -> Callable[..., None]:

@@ -1,4 +1,4 @@
-"""bench/kernels.py --smoke: every section (copy, kernels, attention, block) runs on the CPU interpreter (~30 s)."""
+"""bench/ scripts on the CPU interpreter: kernels.py --smoke (every section, ~30 s); gate_overhead.py on tiny."""
 
 from __future__ import annotations
 
@@ -39,3 +39,18 @@ def test_kernels_bench_smoke(tmp_path: Path) -> None:
         assert all(math.isfinite(v) and v < 5e-2 for v in errs.values()), (run, errs)
     # the one table comes last
     assert proc.stdout.rstrip().splitlines()[-1].startswith("block")
+
+
+@pytest.mark.timeout(300)
+def test_gate_overhead_bench_smoke(calibrated_tiny) -> None:
+    """bench/gate_overhead.py on the tiny reference: a bare and a gated candidate pass, one table with the ratio."""
+    store = calibrated_tiny[0]
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "bench/gate_overhead.py", store.url, "--preset", "tiny", "--device", "cpu",
+                           "--reps", "1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = dict(line.rsplit(None, 1) for line in proc.stdout.strip().splitlines()[1:])
+    bare = float(rows["bare candidate fwd+bwd (median, warm)"])
+    gated = float(rows["gate candidate run (capture + compare)"])
+    assert 0 < bare and 0 < gated and float(rows["ratio gate run / bare"]) == pytest.approx(gated / bare, abs=0.01)
+    assert int(rows["tensors compared"]) > 100
