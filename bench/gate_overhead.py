@@ -4,9 +4,11 @@ forward+backward of the same model, on a store that already holds the preset's r
     python bench/gate_overhead.py STORE_URL [--preset block] [--device cuda] [--reps 3]
 
 Bare: the strictly bound BF16 candidate, the same sample and upstream gradients, no hooks, no store
-(warm; median of --reps after one warm-up). Gate run: ``tasks.gate.run_candidate`` (reads and verifies
-each FP32 reference tensor, compares it). Prints one table; the whole gate flow's wall time is measured
-by the caller around ``h3gate gate``.
+(warm; median of --reps after one warm-up). Gate run: ``tasks.gate.run_candidate``, timed as it times
+itself: the hooked forward+backward comparing each tensor with its verified FP32 reference, which was
+preloaded onto the device first when the memory plan has room (that preload is its own row) or else
+streams from the store during the run. Prints one table; the whole gate flow's wall time is measured by
+the caller around ``h3gate gate``.
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ def main() -> None:
     print(f"{'bare candidate fwd+bwd (median, warm)':<44} {bare_s:>9.3f}")
     print(f"{'gate candidate run (capture + compare)':<44} {run.wall_s:>9.3f}")
     print(f"{'ratio gate run / bare':<44} {run.wall_s / bare_s:>9.2f}")
+    print(f"{'reference preload (before the run) seconds':<44} {run.reference_load_s:>9.3f}")
+    print(f"{'reference preloaded on':<44} {run.reference_preloaded_on or 'streamed':>9}")
     peak = run.peak_device_bytes
     print(f"{'gate run peak GiB':<44} {'-' if peak is None else f'{peak / 2**30:.2f}':>9}")
     print(f"{'tensors compared':<44} {len(run.comparisons):>9}")

@@ -23,6 +23,7 @@ from typing import Any
 
 from tasks import rules
 from tasks.compare import TensorComparison, canonical_json, compare_tensors
+from tasks.prefetch import TensorPrefetcher
 from tasks.reference import ReferenceInfo
 from tasks.store import Store
 
@@ -48,7 +49,8 @@ def compare_stored_runs(
     """Compare every gated tensor of each candidate run with ``reference_run``, in the reference's order.
 
     One sweep over the reference: each of its tensors is read (and its hash verified) once, however
-    many runs are compared with it; at the block preset the FP32 run is ~10 GB.
+    many runs are compared with it (at the block preset the FP32 run is ~10 GB); the reads run ahead of
+    the comparisons on worker threads (``tasks.prefetch``).
     A tensor the reference has and a candidate lacks (or the other way round) is an error naming it.
     """
     if not candidate_runs:
@@ -65,13 +67,16 @@ def compare_stored_runs(
                 f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, extra {extra[:5]}"
             )
     out: dict[str, list[TensorComparison]] = {run: [] for run in candidate_runs}
-    for name in names:
-        reference = store.get_tensor(ref_manifest["tensors"][name]["sha256"], name=name, device=device)
-        for run, cand in manifests.items():
-            candidate = store.get_tensor(cand[name]["sha256"], name=name, device=device)
-            out[run].append(compare_tensors(name, candidate, reference))
-            del candidate
-        del reference
+    sources = {reference_run: ref_manifest["tensors"], **manifests}
+    order = [(f"{run}/{name}", sources[run][name]) for name in names for run in (reference_run, *candidate_runs)]
+    with TensorPrefetcher(store, [(key, rec["sha256"], rec["bytes"]) for key, rec in order]) as tensors:
+        for name in names:
+            reference = tensors.get(f"{reference_run}/{name}").to(device)
+            for run in candidate_runs:
+                candidate = tensors.get(f"{run}/{name}").to(device)
+                out[run].append(compare_tensors(name, candidate, reference))
+                del candidate
+            del reference
     return out
 
 

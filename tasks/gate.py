@@ -9,7 +9,10 @@
 4. ``run_candidate``: loads the BF16 model, binds every candidate node strictly, runs one forward +
    backward with the reference's sample and upstream gradients, and compares each tensor with the
    FP32 reference *as it is produced* (``CompareSink``); candidate tensors are stored only with
-   ``keep_candidate``. The ledger must show every bound node ran forward and backward.
+   ``keep_candidate``. The ledger must show every bound node ran forward and backward. The reference
+   tensors are read ahead on threads and, when the memory plan has room beside the run, preloaded onto
+   its device before the timed pass (``ReferenceFeed``): ``wall_s`` is the pass, ``reference_load_s``
+   the preload.
 5. ``decide``: the ensemble-rule verdict (worst tensor, first drift in the candidate's real
    execution order, failures in that order), the single-provider record alongside.
 Everything the gate decides is written under ``runs/<gate_id>/`` (verdict.json, ledger.json).
@@ -30,9 +33,11 @@ from tasks import rules
 from tasks.calibration import NOT_GATED_KINDS, RuleFiles, single_bounds
 from tasks.capture import DTYPES, PeakMemory, StoreSink, run_capture
 from tasks.compare import TensorComparison, canonical_json, compare_tensors
+from tasks.memory_plan import plan_memory
 from tasks.model import CheckpointRef, Preset, load_model, read_sample, verify_checkpoint
 from tasks.placement import Placement
-from tasks.providers import activate, resolve_provider
+from tasks.prefetch import DEFAULT_WINDOW_BYTES, TensorPrefetcher
+from tasks.providers import Provider, activate, resolve_provider
 from tasks.reference import INVENTORY_FILE, ReferenceInfo
 from tasks.store import Store
 
@@ -109,15 +114,16 @@ def prepare_extension(device: str) -> dict[str, Any]:
 class CompareSink:
     """Compares each candidate tensor with its FP32 reference the moment it is produced.
 
-    Reference tensors are read (and verified) from the store one at a time, onto the device the tensor
-    was produced on (a split model's devices), so the gate never holds a second copy of the model's
-    tensors; ``keep`` also stores the candidate's.
+    ``fetch(name, device)`` hands over the verified reference tensor on the device the candidate tensor was
+    produced on (a split model's devices); each is dropped after its comparison. ``keep`` also stores the
+    candidate's tensors.
     """
 
-    def __init__(self, store: Store, reference_tensors: Mapping[str, Mapping[str, Any]],
-                 keep: StoreSink | None = None, progress: Callable[[int], None] | None = None) -> None:
-        self.store = store
+    def __init__(self, reference_tensors: Mapping[str, Mapping[str, Any]],
+                 fetch: Callable[[str, torch.device], torch.Tensor], keep: StoreSink | None = None,
+                 progress: Callable[[int], None] | None = None) -> None:
         self.reference = reference_tensors
+        self.fetch = fetch
         self.keep = keep
         self.progress = progress
         self.comparisons: dict[str, TensorComparison] = {}
@@ -129,16 +135,60 @@ class CompareSink:
             self.keep(name, kind, order, tensor)
         if kind in NOT_GATED_KINDS:
             return
-        record = self.reference.get(name)
-        if record is None:
+        if name not in self.reference:
             self.unexpected.append(name)
             return
-        reference = self.store.get_tensor(record["sha256"], name=name, device=str(tensor.device))
+        reference = self.fetch(name, tensor.device)
         self.comparisons[name] = compare_tensors(name, tensor, reference)
         self.order[name] = order
         del reference
         if self.progress is not None:
             self.progress(len(self.comparisons))
+
+
+class ReferenceFeed:
+    """The FP32 reference tensors of a candidate run, read ahead (``tasks.prefetch``) and verified.
+
+    ``preload`` (the reference fits beside the run on its one device, by the memory plan) reads all of them
+    onto that device before the pass, so the timed forward+backward waits on no storage read; otherwise they
+    stream during the pass, at most ``DEFAULT_WINDOW_BYTES`` ahead, and move to each tensor's device on use.
+    """
+
+    def __init__(self, store: Store, records: Mapping[str, Mapping[str, Any]], preload_on: str | None) -> None:
+        items = [(n, r["sha256"], r["bytes"]) for n, r in sorted(records.items(), key=lambda kv: kv[1]["order"])]
+        self.bytes = sum(nbytes for _, _, nbytes in items)
+        self.preloaded_on = preload_on
+        self._resident: dict[str, torch.Tensor] = {}
+        window = self.bytes if preload_on is not None else DEFAULT_WINDOW_BYTES
+        self._prefetch = TensorPrefetcher(store, items, window_bytes=max(window, 1))
+        started = time.perf_counter()
+        if preload_on is not None:
+            self._resident = {name: self._prefetch.get(name).to(preload_on) for name, _, _ in items}
+            _synchronize([preload_on])
+        self.load_s = time.perf_counter() - started
+
+    def __call__(self, name: str, device: torch.device) -> torch.Tensor:
+        tensor = self._resident.pop(name, None)
+        return tensor.to(device) if tensor is not None else self._prefetch.get(name).to(device)
+
+    def close(self) -> None:
+        self._resident.clear()
+        self._prefetch.close()
+
+
+def preload_device(reference_bytes: int, preset: Preset, placement: Placement, provider: Provider,
+                   granularity: str) -> str | None:
+    """The device to preload the reference onto: the run's one device when the plan has room, else None."""
+    if len(set(placement.devices)) != 1:
+        return None
+    (plan,) = plan_memory(preset, CANDIDATE_DTYPE, placement, provider=provider, granularity=granularity).devices
+    return plan.device if plan.total + reference_bytes <= plan.usable else None
+
+
+def _synchronize(devices: Collection[str]) -> None:
+    for device in {torch.device(d) for d in devices}:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
 
 @dataclass
@@ -153,6 +203,8 @@ class CandidateRun:
     wall_s: float
     peak_device_bytes: int | None
     kept_run: str | None = None
+    reference_load_s: float = 0.0
+    reference_preloaded_on: str | None = None
     unexpected: list[str] = field(default_factory=list)
 
 
@@ -184,18 +236,25 @@ def run_candidate(
     model = load_model(store, checkpoint, DTYPES[CANDIDATE_DTYPE], device, placement)
     binding = bind(model, tuple(nodes) if nodes is not None else ALL_NODES, strict=True, overrides=overrides)
     candidate = binding.describe()
-    gated = sum(1 for r in ref_tensors.values() if r["kind"] not in NOT_GATED_KINDS)
     keep = StoreSink(store) if keep_candidate else None
-    sink = CompareSink(store, ref_tensors, keep, progress=(lambda done: progress(done, gated)) if progress else None)
-    started = time.perf_counter()
     # The candidate runs under the default provider: the nodes it does not replace are diffusers' own.
     provider = resolve_provider(reference.default_provider, device)
+    gated_records = {n: r for n, r in ref_tensors.items() if r["kind"] not in NOT_GATED_KINDS}
+    preload_on = preload_device(sum(r["bytes"] for r in gated_records.values()), preset, placement, provider,
+                                granularity)
+    feed = None
     try:
+        feed = ReferenceFeed(store, gated_records, preload_on)
+        sink = CompareSink(ref_tensors, feed, keep,
+                           progress=(lambda done: progress(done, len(gated_records))) if progress else None)
+        started = time.perf_counter()
         with activate(provider, device), PeakMemory(placement.devices) as memory:
             run_capture(model, sample, sink, device=device, granularity=granularity)
+        wall_s = time.perf_counter() - started
     finally:
         binding.unbind()
-    wall_s = time.perf_counter() - started
+        if feed is not None:
+            feed.close()
     kept_run = _write_candidate_manifest(store, reference, candidate, keep) if keep is not None else None
     return CandidateRun(
         comparisons=sink.comparisons,
@@ -207,6 +266,8 @@ def run_candidate(
         peak_device_bytes=memory.peak,
         kept_run=kept_run,
         unexpected=sink.unexpected,
+        reference_load_s=feed.load_s,
+        reference_preloaded_on=feed.preloaded_on,
     )
 
 

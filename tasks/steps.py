@@ -269,7 +269,9 @@ def decide(
     gid = gate_lib.gate_id(reference, rule, run.candidate)
     verdict = gate_lib.decide(store, rule, run)
     extra = {"gate_id": gid, "reference_id": reference.reference_id, "golden_passed": golden["passed"],
-             "candidate_wall_s": run.wall_s}
+             "candidate_run": {"wall_s": round(run.wall_s, 3), "peak_device_bytes": run.peak_device_bytes,
+                               "reference_load_s": round(run.reference_load_s, 3),
+                               "reference_preloaded_on": run.reference_preloaded_on}}
     documents = gate_lib.write_gate_documents(store, gid, verdict, run, extra)
     return gid, verdict.to_dict(), documents
 

@@ -54,3 +54,4 @@ def test_gate_overhead_bench_smoke(calibrated_tiny) -> None:
     gated = float(rows["gate candidate run (capture + compare)"])
     assert 0 < bare and 0 < gated and float(rows["ratio gate run / bare"]) == pytest.approx(gated / bare, abs=0.01)
     assert int(rows["tensors compared"]) > 100
+    assert rows["reference preloaded on"] == "cpu" and float(rows["reference preload (before the run) seconds"]) > 0

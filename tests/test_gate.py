@@ -63,8 +63,39 @@ def test_missing_ledger_node_fails_the_verdict(calibrated_tiny):
     store, preset, checkpoint, reference, rule = calibrated_tiny
     run = gate.run_candidate(store, reference, preset, checkpoint, device="cpu")
     assert run.missing_nodes == [] and run.ledger["transformer_blocks.2"]["swiglu"]["backward"] == 1
+    assert run.reference_preloaded_on == "cpu" and run.reference_load_s > 0  # tiny fits beside the run
     verdict = gate.decide(store, rule, dataclasses.replace(run, missing_nodes=["transformer_blocks.2/swiglu"]))
     assert not verdict.passed and verdict.to_dict()["ledger_missing"] == ["transformer_blocks.2/swiglu"]
+
+
+def test_reference_feed_preloaded_or_streamed_hands_over_the_same_verified_tensors(calibrated_tiny):
+    store, _, _, reference, _ = calibrated_tiny
+    records = {n: r for n, r in store.read_manifest(reference.fp32_run)["tensors"].items() if r["kind"] != "in"}
+    preloaded, streamed = gate.ReferenceFeed(store, records, "cpu"), gate.ReferenceFeed(store, records, None)
+    try:
+        assert (preloaded.preloaded_on, streamed.preloaded_on) == ("cpu", None)
+        assert preloaded.bytes == streamed.bytes == sum(r["bytes"] for r in records.values())
+        for name in sorted(records, key=lambda n: -records[n]["order"]):  # any order the hooks ask in
+            expected = store.get_tensor(records[name]["sha256"], name=name)
+            for feed in (preloaded, streamed):
+                got = feed(name, torch.device("cpu"))
+                assert got.dtype == expected.dtype and torch.equal(got, expected), name
+    finally:
+        preloaded.close()
+        streamed.close()
+
+
+def test_the_reference_is_preloaded_only_onto_one_device_with_room(calibrated_tiny):
+    from tasks.placement import Placement
+    from tasks.providers import resolve_provider
+
+    _, preset, _, reference, _ = calibrated_tiny
+    provider = resolve_provider(reference.default_provider, "cpu")
+    layers = preset.config["num_layers"]
+    assert gate.preload_device(1 << 20, preset, Placement.single("cpu", layers), provider, "blocks") == "cpu"
+    assert gate.preload_device(1 << 60, preset, Placement.single("cpu", layers), provider, "blocks") is None
+    split = Placement.parse("cuda:0,cuda:1", layers)  # refused before any device is asked
+    assert gate.preload_device(1 << 20, preset, split, provider, "blocks") is None
 
 
 def test_tampered_reference_blob_stops_the_gate_before_any_model_runs(prefect_api, calibrated_tiny, monkeypatch):

@@ -221,7 +221,7 @@ def test_provider_reports_read_the_fp32_run_once_and_reuse_stored_reports(calibr
     assert again == before
     expected: collections.Counter[tuple[str, str]] = collections.Counter()
     for run in (reference.fp32_run, reference.provider_runs["cpu-math"], reference.fp32_alt_run):
-        expected.update((n, r["sha256"]) for n, r in store.read_manifest(run)["tensors"].items()
+        expected.update((f"{run}/{n}", r["sha256"]) for n, r in store.read_manifest(run)["tensors"].items()
                         if not n.startswith("in/"))
     assert counting.reads == expected
 
