@@ -17,6 +17,10 @@ Backward (fused, fp32 math): dx in x's dtype (row-wise kernel); d_weight in weig
 table's dtype (only the shift and scale chunks non-zero) from fp32 per-chunk partials of dy*xhat and dy per
 table row, summed in a fixed chunk order: no atomics, byte-identical reruns. d_weight of the modulated norm is
 sum_r (1 + scale[r]) * P[r] with P[r] = sum over rows of table row r of dy * xhat (the same sum, grouped).
+Within a chunk the partials follow modulation.py's segmented-sum order: a chunk of one table row (always, for
+the plain rms_norm) accumulates its tiles elementwise into two running tiles (dy*xhat, dy) and reduces them
+once; other chunks go tile by tile, one sum per uniform tile, R masked sums per mixed tile (see segment_sum
+there for why: packed rows come in long runs of one table row).
 
 Rejected (KernelInputError): empty, non-contiguous, mixed devices, dtypes other than float32/bfloat16, shapes
 that disagree, a table width that is not a multiple of H, chunk numbers out of range or equal, out-of-range
@@ -41,7 +45,17 @@ from h3kernels._common import (
     num_warps_for,
     row_tile,
 )
-from h3kernels.modulation import FINISH_BLOCK_P, SEG_BLOCK_H, SEG_WARPS, plan_segments
+from h3kernels.modulation import (
+    FINISH_BLOCK_P,
+    SEG_BLOCK_H,
+    SEG_WARPS,
+    add_row,
+    add_tile,
+    chunk_row,
+    load_ix,
+    plan_segments,
+    uniform_row,
+)
 from h3kernels.qk_norm_rope import qk_norm_rope
 
 # Row-wise kernels hold a whole row (BLOCK_H = next_pow2(H); 8192 for H=5376) and `row_tile` rows per program.
@@ -102,6 +116,18 @@ def _rms_bwd_dx_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_ptr,
 
 
 @triton.jit
+def _rms_bwd_tile(dy_ptr, x_ptr, rstd_ptr, rows, cols, S, H):
+    """(dy, dy * xhat) of rows `rows` in fp32, zeros outside [0, S) x [0, H)."""
+    rmask = rows < S
+    m2 = rmask[:, None] & (cols < H)[None, :]
+    offs = rows[:, None] * H + cols[None, :]
+    dy = tl.load(dy_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+    rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+    return dy, dy * x * rstd[:, None]
+
+
+@triton.jit
 def _rms_bwd_partials_kernel(dy_ptr, x_ptr, rstd_ptr, idx_ptr, pp_ptr, pq_ptr, S, H, R,
                              HAS_MOD: tl.constexpr, CHUNK_S: tl.constexpr, TILE_S: tl.constexpr,
                              BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr):
@@ -112,23 +138,30 @@ def _rms_bwd_partials_kernel(dy_ptr, x_ptr, rstd_ptr, idx_ptr, pp_ptr, pq_ptr, S
     rids = tl.arange(0, BLOCK_R)
     acc_p = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
     acc_q = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
-    for t0 in range(0, CHUNK_S, TILE_S):
-        rows = pid_c * CHUNK_S + t0 + tl.arange(0, TILE_S)
-        rmask = rows < S
-        m2 = rmask[:, None] & cmask[None, :]
-        offs = rows[:, None] * H + cols[None, :]
-        dy = tl.load(dy_ptr + offs, mask=m2, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + offs, mask=m2, other=0.0).to(tl.float32)
-        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
-        dyx = dy * x * rstd[:, None]
+    start = pid_c * CHUNK_S
+    if HAS_MOD:
+        crow = chunk_row(idx_ptr, start, S, CHUNK_S)
+    else:
+        crow = 0  # one "table row" (R = 1): every chunk takes the uniform path
+    if crow >= 0:  # the whole chunk is one table row: elementwise adds, one reduction per sum at the end
+        run_p = tl.zeros([TILE_S, BLOCK_H], dtype=tl.float32)
+        run_q = tl.zeros([TILE_S, BLOCK_H], dtype=tl.float32)
+        for t0 in range(0, CHUNK_S, TILE_S):
+            dy, dyx = _rms_bwd_tile(dy_ptr, x_ptr, rstd_ptr, start + t0 + tl.arange(0, TILE_S), cols, S, H)
+            run_p += dyx
+            if HAS_MOD:
+                run_q += dy
+        acc_p = add_row(acc_p, tl.sum(run_p, axis=0), crow, rids)
         if HAS_MOD:
-            ix = tl.load(idx_ptr + rows, mask=rmask, other=-1).to(tl.int32)
-            for r in range(R):
-                sel = ix[:, None] == r
-                acc_p += tl.where(rids[:, None] == r, tl.sum(tl.where(sel, dyx, 0.0), axis=0)[None, :], 0.0)
-                acc_q += tl.where(rids[:, None] == r, tl.sum(tl.where(sel, dy, 0.0), axis=0)[None, :], 0.0)
-        else:
-            acc_p += tl.where(rids[:, None] == 0, tl.sum(dyx, axis=0)[None, :], 0.0)
+            acc_q = add_row(acc_q, tl.sum(run_q, axis=0), crow, rids)
+    else:
+        for t0 in range(0, CHUNK_S, TILE_S):
+            rows = start + t0 + tl.arange(0, TILE_S)
+            dy, dyx = _rms_bwd_tile(dy_ptr, x_ptr, rstd_ptr, rows, cols, S, H)
+            ix = load_ix(idx_ptr, rows, S)
+            row = uniform_row(ix)
+            acc_p = add_tile(acc_p, dyx, ix, row, rids, R)
+            acc_q = add_tile(acc_q, dy, ix, row, rids, R)
     offs_p = pid_c * R * H + rids[:, None] * H + cols[None, :]
     pmask = (rids[:, None] < R) & cmask[None, :]
     tl.store(pp_ptr + offs_p, acc_p, mask=pmask)

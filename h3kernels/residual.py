@@ -10,7 +10,9 @@ gated_residual(x_SH, branch_SH, table_RKH, idx_S, gate_chunk) -> y_SH
     Backward: dx = dy (the same tensor); d_branch = dy * gate[idx] in fp32, rounded to branch's dtype; d_table
     holds, in its gate chunk, sum over rows s with idx[s] == r of dy[s] * branch[s] (fp32 per-chunk partials
     fused into the d_branch kernel, summed in a fixed chunk order by modulation.finish_segments), zeros
-    elsewhere, in the table's dtype.
+    elsewhere, in the table's dtype. Within a chunk the partials follow modulation.py's segmented-sum order
+    (a chunk of one table row: elementwise running tile, one reduction, and its gate row loaded once instead of
+    gathered per row; other chunks tile by tile; see segment_sum there for why).
 residual_add(x_SH, branch_SH) -> y_SH
     y = x + branch in fp32, one rounding (bit-identical to torch's add for float32 and bfloat16). Any shape.
     Backward: dx = d_branch = dy.
@@ -36,7 +38,17 @@ from h3kernels._common import (
     is_interpreting,
     new_empty,
 )
-from h3kernels.modulation import SEG_BLOCK_H, SEG_WARPS, finish_segments, plan_segments
+from h3kernels.modulation import (
+    SEG_BLOCK_H,
+    SEG_WARPS,
+    add_row,
+    add_tile,
+    chunk_row,
+    finish_segments,
+    load_ix,
+    plan_segments,
+    uniform_row,
+)
 
 # Elementwise tiles: 4096 values per program, 32 per thread at 4 warps (four 16 B bf16 vectors per operand);
 # the interpreter takes 4x larger tiles so fewer Python-level programs run.
@@ -66,6 +78,21 @@ def _gated_fwd_kernel(x_ptr, b_ptr, tab_ptr, idx_ptr, y_ptr, S, H, tab_stride, g
 
 
 @triton.jit
+def _gated_bwd_tile(dy_ptr, b_ptr, db_ptr, gate, rows, cols, S, H, NEED_DB: tl.constexpr):
+    """dy * branch of rows `rows` in fp32 (0 outside [0, S) x [0, H)); stores d_branch = dy * gate (NEED_DB).
+
+    gate: fp32 [TILE_S, BLOCK_H] (the rows' gates) or [1, BLOCK_H] (one gate row for all of them).
+    """
+    m2 = (rows < S)[:, None] & (cols < H)[None, :]
+    offs = rows[:, None] * H + cols[None, :]
+    dy = tl.load(dy_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+    if NEED_DB:
+        tl.store(db_ptr + offs, cast_rne(dy * gate, db_ptr.dtype.element_ty), mask=m2)
+    return dy * b  # fp32 products, never rounded before the table-row sums
+
+
+@triton.jit
 def _gated_bwd_kernel(dy_ptr, b_ptr, tab_ptr, idx_ptr, db_ptr, part_ptr, S, H, R, tab_stride, gate_off,
                       NEED_DB: tl.constexpr, CHUNK_S: tl.constexpr, TILE_S: tl.constexpr, BLOCK_H: tl.constexpr,
                       BLOCK_R: tl.constexpr):
@@ -74,23 +101,28 @@ def _gated_bwd_kernel(dy_ptr, b_ptr, tab_ptr, idx_ptr, db_ptr, part_ptr, S, H, R
     cmask = cols < H
     rids = tl.arange(0, BLOCK_R)
     acc = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
-    for t0 in range(0, CHUNK_S, TILE_S):
-        rows = pid_c * CHUNK_S + t0 + tl.arange(0, TILE_S)
-        rmask = rows < S
-        m2 = rmask[:, None] & cmask[None, :]
-        offs = rows[:, None] * H + cols[None, :]
-        dy = tl.load(dy_ptr + offs, mask=m2, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + offs, mask=m2, other=0.0).to(tl.float32)
-        ix = tl.load(idx_ptr + rows, mask=rmask, other=-1)
+    start = pid_c * CHUNK_S
+    crow = chunk_row(idx_ptr, start, S, CHUNK_S)
+    if crow >= 0:  # the whole chunk is one table row: one gate row, elementwise adds, one reduction at the end
+        gate = tl.zeros([1, BLOCK_H], dtype=tl.float32)
         if NEED_DB:
-            gate = tl.load(tab_ptr + ix.to(tl.int64)[:, None] * tab_stride + gate_off + cols[None, :], mask=m2,
-                           other=0.0)
-            tl.store(db_ptr + offs, cast_rne(dy * gate.to(tl.float32), db_ptr.dtype.element_ty), mask=m2)
-        dyb = dy * b  # fp32 products, never rounded before the table-row sums
-        ix32 = ix.to(tl.int32)
-        for r in range(R):
-            part = tl.sum(tl.where(ix32[:, None] == r, dyb, 0.0), axis=0)
-            acc += tl.where(rids[:, None] == r, part[None, :], 0.0)
+            gate = tl.load(tab_ptr + crow.to(tl.int64) * tab_stride + gate_off + cols, mask=cmask, other=0.0)
+            gate = gate.to(tl.float32)[None, :]
+        run = tl.zeros([TILE_S, BLOCK_H], dtype=tl.float32)
+        for t0 in range(0, CHUNK_S, TILE_S):
+            run += _gated_bwd_tile(dy_ptr, b_ptr, db_ptr, gate, start + t0 + tl.arange(0, TILE_S), cols, S, H,
+                                   NEED_DB)
+        acc = add_row(acc, tl.sum(run, axis=0), crow, rids)
+    else:
+        for t0 in range(0, CHUNK_S, TILE_S):
+            rows = start + t0 + tl.arange(0, TILE_S)
+            ix = load_ix(idx_ptr, rows, S)
+            gate = tl.zeros([TILE_S, BLOCK_H], dtype=tl.float32)
+            if NEED_DB:
+                gate = tl.load(tab_ptr + ix.to(tl.int64)[:, None] * tab_stride + gate_off + cols[None, :],
+                               mask=(rows < S)[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+            dyb = _gated_bwd_tile(dy_ptr, b_ptr, db_ptr, gate, rows, cols, S, H, NEED_DB)
+            acc = add_tile(acc, dyb, ix, uniform_row(ix), rids, R)
     offs_p = pid_c * R * H + rids[:, None] * H + cols[None, :]
     tl.store(part_ptr + offs_p, acc, mask=(rids[:, None] < R) & cmask[None, :])
 
