@@ -55,3 +55,15 @@ def test_gate_overhead_bench_smoke(calibrated_tiny) -> None:
     assert 0 < bare and 0 < gated and float(rows["ratio gate run / bare"]) == pytest.approx(gated / bare, abs=0.01)
     assert int(rows["tensors compared"]) > 100
     assert rows["reference preloaded on"] == "cpu" and float(rows["reference preload (before the run) seconds"]) > 0
+
+
+@pytest.mark.timeout(120)
+def test_kernel_parts_bench_smoke() -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "bench/kernel_parts.py", "--smoke"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert "row chunks are one table row" in lines[0]
+    parts = dict(line.rsplit(None, 1) for line in lines[2:])
+    assert len(parts) == 5 and all(float(ms) > 0 for ms in parts.values())
