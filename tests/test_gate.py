@@ -21,6 +21,10 @@ def test_qualify_tiny_end_to_end_with_artifacts(prefect_api, tmp_path):
     assert result.passed and result.stage == "verdict", result
     assert result.report_url.endswith("/report.html") and Path(result.report_url.removeprefix("file://")).is_file()
     assert not result.failures and not result.ledger_missing
+    from tasks.store import Store
+
+    run = Store(url).read_document(result.gate_id, "verdict.json")["candidate_run"]
+    assert run["wall_s"] > 0 and run["reference_load_s"] > 0 and run["reference_preloaded_on"] == "cpu"
 
     from prefect.client.orchestration import get_client
 
