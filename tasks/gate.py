@@ -36,7 +36,7 @@ from tasks.compare import TensorComparison, canonical_json, compare_tensors
 from tasks.memory_plan import plan_memory
 from tasks.model import CheckpointRef, Preset, load_model, read_sample, verify_checkpoint
 from tasks.placement import Placement
-from tasks.prefetch import DEFAULT_WINDOW_BYTES, TensorPrefetcher
+from tasks.prefetch import TensorPrefetcher
 from tasks.providers import Provider, activate, resolve_provider
 from tasks.reference import INVENTORY_FILE, ReferenceInfo
 from tasks.store import Store
@@ -149,9 +149,10 @@ class CompareSink:
 class ReferenceFeed:
     """The FP32 reference tensors of a candidate run, read ahead (``tasks.prefetch``) and verified.
 
-    ``preload`` (the reference fits beside the run on its one device, by the memory plan) reads all of them
+    ``preload_on`` (the reference fits beside the run on its one device, by the memory plan) reads all of them
     onto that device before the pass, so the timed forward+backward waits on no storage read; otherwise they
-    stream during the pass, at most ``DEFAULT_WINDOW_BYTES`` ahead, and move to each tensor's device on use.
+    stream during the pass and move to each tensor's device on use. Either way the host holds at most the
+    prefetch window (``tasks.prefetch.DEFAULT_WINDOW_BYTES``) of them at once.
     """
 
     def __init__(self, store: Store, records: Mapping[str, Mapping[str, Any]], preload_on: str | None) -> None:
@@ -159,12 +160,12 @@ class ReferenceFeed:
         self.bytes = sum(nbytes for _, _, nbytes in items)
         self.preloaded_on = preload_on
         self._resident: dict[str, torch.Tensor] = {}
-        window = self.bytes if preload_on is not None else DEFAULT_WINDOW_BYTES
-        self._prefetch = TensorPrefetcher(store, items, window_bytes=max(window, 1))
+        self._prefetch = TensorPrefetcher(store, items)
         started = time.perf_counter()
         if preload_on is not None:
             self._resident = {name: self._prefetch.get(name).to(preload_on) for name, _, _ in items}
-            _synchronize([preload_on])
+            if torch.device(preload_on).type == "cuda":
+                torch.cuda.synchronize(preload_on)
         self.load_s = time.perf_counter() - started
 
     def __call__(self, name: str, device: torch.device) -> torch.Tensor:
@@ -183,12 +184,6 @@ def preload_device(reference_bytes: int, preset: Preset, placement: Placement, p
         return None
     (plan,) = plan_memory(preset, CANDIDATE_DTYPE, placement, provider=provider, granularity=granularity).devices
     return plan.device if plan.total + reference_bytes <= plan.usable else None
-
-
-def _synchronize(devices: Collection[str]) -> None:
-    for device in {torch.device(d) for d in devices}:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
 
 
 @dataclass
