@@ -164,37 +164,35 @@ def compare_tensors(
     c_flat = candidate.detach().reshape(-1)
     r_flat = reference.detach().reshape(-1)
     zero = torch.zeros((), dtype=torch.float64, device=device)
-    sum_d2, sum_r2, amax = zero.clone(), zero.clone(), zero.clone()
-    counts = torch.zeros(3, dtype=torch.int64, device=device)  # candidate nonfinite, ref nonfinite, mismatches
+    sum_d2, sum_r2, amax, mismatches = zero.clone(), zero.clone(), zero.clone(), zero.clone()
     common = torch.promote_types(candidate.dtype, reference.dtype) if exact else None
 
-    for start in range(0, numel, chunk_elems):
-        c_chunk = c_flat[start : start + chunk_elems]
-        r_chunk = r_flat[start : start + chunk_elems].to(device=device, non_blocking=True)
+    for c_chunk, r_chunk in _chunks(c_flat, r_flat, chunk_elems, device):
         if exact:
             # Exactness is decided in the native (promoted) dtype: int64 above 2**53 would round in float64.
-            counts[2] += (c_chunk.to(common) != r_chunk.to(common)).sum()
-        else:
-            counts[0] += torch.isfinite(c_chunk).logical_not_().sum()
-            counts[1] += torch.isfinite(r_chunk).logical_not_().sum()
-        # Upcast one chunk only: this is the float64 working set, bounded by chunk_elems.
+            mismatches += (c_chunk.to(common) != r_chunk.to(common)).sum()
+        # Upcast one chunk only: this is the float64 working set, bounded by chunk_elems. A floating
+        # candidate is upcast inside the subtraction (no float64 copy of it; never written into).
         r64 = r_chunk.to(torch.float64)
-        d64 = c_chunk.to(torch.float64, copy=True).sub_(r64)  # copy: never write into a float64 input
+        d64 = c_chunk.to(torch.float64, copy=True).sub_(r64) if exact else torch.sub(c_chunk, r64)
         sum_r2 += torch.dot(r64, r64)
         sum_d2 += torch.dot(d64, d64)
-        amax = torch.maximum(amax, d64.abs_().amax())
+        low, high = torch.aminmax(d64)
+        amax = torch.maximum(amax, torch.maximum(high, low.neg()))
         del r64, d64
 
-    # One device->host transfer for all accumulators (int64 counts fit float64 exactly below 2**53).
-    values = torch.stack([sum_d2, sum_r2, amax, *counts.to(torch.float64)]).tolist()
-    d2, r2, max_abs_value = values[0], values[1], values[2]
-    nonfinite, ref_nonfinite, mismatches = (int(v) for v in values[3:])
+    # One device->host transfer for all accumulators (a mismatch count fits float64 exactly below 2**53).
+    d2, r2, max_abs_value, mismatch_count = torch.stack([sum_d2, sum_r2, amax, mismatches]).tolist()
+    mismatches = int(mismatch_count)
 
-    diff_norm, ref_norm = math.sqrt(d2), math.sqrt(r2)
-    if nonfinite or ref_nonfinite or not (math.isfinite(d2) and math.isfinite(r2) and math.isfinite(max_abs_value)):
+    if not (math.isfinite(d2) and math.isfinite(r2) and math.isfinite(max_abs_value)):
+        # A NaN/Inf in either tensor makes the difference non-finite (float64 sums of finite bf16/fp32
+        # values cannot overflow), so only then are non-finite values counted, in a second pass.
+        nonfinite, ref_nonfinite = _count_nonfinite(c_flat, r_flat, chunk_elems, device)
         # Non-finite anywhere: every error metric is inf, so no bound can ever accept it.
-        ref_norm = ref_norm if math.isfinite(ref_norm) else math.inf
+        ref_norm = math.sqrt(r2) if math.isfinite(r2) else math.inf
         return TensorComparison(name, math.inf, math.inf, ref_norm, math.inf, nonfinite, ref_nonfinite, numel)
+    diff_norm, ref_norm = math.sqrt(d2), math.sqrt(r2)
     if exact:
         rel = 0.0 if mismatches == 0 else math.inf
     elif ref_norm > 0.0:
@@ -203,7 +201,25 @@ def compare_tensors(
         # Zero-norm reference: the relative error is undefined; use the absolute norm so the
         # rule's floor (an absolute term) decides.
         rel = diff_norm
-    return TensorComparison(name, rel, max_abs_value, ref_norm, diff_norm, nonfinite, ref_nonfinite, numel)
+    return TensorComparison(name, rel, max_abs_value, ref_norm, diff_norm, 0, 0, numel)
+
+
+def _chunks(c_flat: torch.Tensor, r_flat: torch.Tensor, chunk_elems: int, device: torch.device):
+    """Aligned chunks of two flat tensors, the reference's moved to the candidate's device."""
+    for start in range(0, c_flat.numel(), chunk_elems):
+        stop = start + chunk_elems
+        yield c_flat[start:stop], r_flat[start:stop].to(device=device, non_blocking=True)
+
+
+def _count_nonfinite(c_flat: torch.Tensor, r_flat: torch.Tensor, chunk_elems: int,
+                     device: torch.device) -> tuple[int, int]:
+    """NaN/Inf counts of the candidate and the reference (the rare path: something already is)."""
+    counts = torch.zeros(2, dtype=torch.int64, device=device)
+    for c_chunk, r_chunk in _chunks(c_flat, r_flat, chunk_elems, device):
+        counts[0] += torch.isfinite(c_chunk).logical_not_().sum()
+        counts[1] += torch.isfinite(r_chunk).logical_not_().sum()
+    nonfinite, ref_nonfinite = counts.tolist()
+    return nonfinite, ref_nonfinite
 
 
 def relative_l2(candidate: torch.Tensor, reference: torch.Tensor, *, chunk_elems: int = DEFAULT_CHUNK_ELEMS) -> float:

@@ -124,6 +124,35 @@ def test_nonfinite_reference_is_infinite_error():
     assert got.ref_nonfinite == 1 and got.nonfinite == 0 and got.relative_l2 == math.inf
 
 
+def test_infinities_in_both_tensors_are_counted_in_each():
+    r = torch.tensor([1.0, float("inf"), 2.0, float("-inf")])
+    c = torch.tensor([1.0, float("inf"), float("nan"), 0.0], dtype=torch.bfloat16)
+    got = compare_tensors("t", c, r, chunk_elems=3)
+    assert (got.nonfinite, got.ref_nonfinite) == (2, 2) and got.relative_l2 == math.inf and got.ref_norm == math.inf
+
+
+def test_float64_inputs_are_never_written_into():
+    c = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
+    r = torch.tensor([1.5, -2.0, 2.0], dtype=torch.float64)
+    before = (c.clone(), r.clone())
+    assert compare_tensors("t", c, r).max_abs == 1.0
+    assert torch.equal(c, before[0]) and torch.equal(r, before[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_comparison_matches_the_direct_float64_definition():
+    torch.manual_seed(0)
+    r = torch.randn(3 * 2**20 + 7, device="cuda")
+    c = (r * 1.001).bfloat16()
+    got = compare_tensors("t", c, r, chunk_elems=2**20)
+    rel, amax = _direct(c.cpu(), r.cpu())
+    assert got.relative_l2 == pytest.approx(rel, rel=1e-12) and got.max_abs == pytest.approx(amax, rel=1e-12)
+    c[5] = float("nan")
+    bad = compare_tensors("t", c, r, chunk_elems=2**20)
+    assert bad.nonfinite == 1 and bad.relative_l2 == math.inf
+
+
 def test_integer_tensors_compared_exactly():
     big = torch.tensor([2**62, 1, 2], dtype=torch.int64)
     assert compare_tensors("i", big, big.clone()).relative_l2 == 0.0
