@@ -43,7 +43,7 @@ def test_kernels_bench_smoke(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_gate_overhead_bench_smoke(calibrated_tiny) -> None:
-    """bench/gate_overhead.py on the tiny reference: a bare and a gated candidate pass, one table with the ratio."""
+    """bench/gate_overhead.py on tiny: bare, hooked and gated passes and a compare sweep, one table with ratios."""
     store = calibrated_tiny[0]
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, "bench/gate_overhead.py", store.url, "--preset", "tiny", "--device", "cpu",
@@ -53,6 +53,11 @@ def test_gate_overhead_bench_smoke(calibrated_tiny) -> None:
     bare = float(rows["bare candidate fwd+bwd (median, warm)"])
     gated = float(rows["gate candidate run (capture + compare)"])
     assert 0 < bare and 0 < gated and float(rows["ratio gate run / bare"]) == pytest.approx(gated / bare, abs=0.01)
+    again = float(rows["gate candidate run again (warm allocator)"])
+    assert float(rows["ratio gate run again / bare"]) == pytest.approx(again / bare, abs=0.01)
+    assert all(float(rows[label]) > 0 for label in ("bare candidate fwd+bwd (first pass)",
+                                                    "hooked fwd+bwd, tensors dropped (median)",
+                                                    "compare of every gated tensor alone"))
     assert int(rows["tensors compared"]) > 100
     assert rows["reference preloaded on"] == "cpu" and float(rows["reference preload (before the run) seconds"]) > 0
 
