@@ -7,6 +7,7 @@ tolerance table and the count of NaN/Inf, reported separately in every assertion
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -18,6 +19,22 @@ from tests.kernels.tolerances import lookup
 HAS_CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 GPU_MARKS = (pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device"))
+
+
+@contextlib.contextmanager
+def reproducible(device: torch.device | str):
+    """Deterministic algorithms on CUDA, where diffusers' index_select backward otherwise scatter-adds with
+    atomics (two identical runs differ in the last bits); a no-op on the CPU, which is reproducible as is."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    previous = torch.are_deterministic_algorithms_enabled()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)
 
 
 def real(*values, id: str):  # noqa: A002 - pytest's own keyword

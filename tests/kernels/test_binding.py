@@ -18,17 +18,19 @@ from h3kernels.nodes import CANDIDATE_OPS, REFERENCE_OPS
 from tasks.capture import run_capture
 from tasks.model import build_sample, get_preset, load_model, model_inputs, write_synthetic_checkpoint
 from tasks.store import Store
-from tests.kernels.harness import DEVICE, HAS_CUDA
+from tests.kernels.harness import DEVICE, HAS_CUDA, reproducible
 
 TINY_BLOCKS = ["transformer_blocks.0", "transformer_blocks.1", "transformer_blocks.2"]
 TINY_REFINERS = ["token_refiner.refiner_blocks.0", "token_refiner.refiner_blocks.1"]
 # Why these bounds: fp32 kernels differ from torch only in summation order (measured max 1.3e-6 on the tiny
 # preset, every tensor); a wrong index, chunk or scale is O(1).
 FP32_REL = 1e-4
-# bf16: on the CPU, diffusers' index_select backward accumulates in fp32 (torch's CPU index_add), so the fp32
-# table only trims its bf16 roundings (measured 0.73-0.89x on the adaln_proj gradients); on CUDA diffusers'
-# bf16 atomic scatter-add is what the fp32 table removes (DESIGN 7, modulation.py: ~0.16 rel-L2 at S=16384).
-ADALN_RATIO = {"cpu": 1.0, "cuda": 0.5}
+# bf16, the adaln_proj weight gradients against diffusers' worst BF16 provider. On the CPU, diffusers'
+# index_select backward accumulates in fp32 (torch's CPU index_add), so the fp32 table only trims its bf16
+# roundings (measured 0.73-0.89x on tiny). On CUDA diffusers scatter-adds in bf16 with atomics, which the
+# fp32 table removes; how much that weighs grows with the tokens per table row (DESIGN 7, modulation.py:
+# ~0.16 rel-L2 at S=16384): 0.70x on tiny's block 2 (H200, session 11), within 0.5x at small's S=2056.
+ADALN_RATIO = {"tiny": 1.0, "small": 0.5}
 # Any other tensor may sit at most this far above diffusers' own bf16 error (measured max 1.05x: last-bit luck
 # of a per-head norm weight); a broken kernel is many times worse.
 BF16_ANY_RATIO = 1.25
@@ -86,12 +88,14 @@ def fp32_bound(tiny_env):
     fired: list[str] = []
     handle = model.transformer_blocks[1].register_forward_hook(lambda *a: fired.append("tb1"))
     try:
-        before, snap_before = capture(model, sample), snapshot(model)
+        with reproducible(DEVICE):
+            before, snap_before = capture(model, sample), snapshot(model)
         with bind(model) as binding:
             bound_forward = type(model.transformer_blocks[0].__dict__.get("forward")).__name__
             state_while_bound = {k: v.clone() for k, v in model.state_dict().items()}
             bound = capture(model, sample)
-        after, snap_after = capture(model, sample), snapshot(model)
+        with reproducible(DEVICE):
+            after, snap_after = capture(model, sample), snapshot(model)
     finally:
         handle.remove()
     return dict(before=before, bound=bound, after=after, snap_before=snap_before, snap_after=snap_after,
@@ -209,7 +213,7 @@ def test_describe_identifies_the_candidate(fp32_bound):
 # ------------------------------------------------------------------------------------------------ bound, bf16
 
 
-def _bf16_vs_fp32(models, sample, device) -> None:
+def _bf16_vs_fp32(models, sample, device, adaln_ratio: float) -> None:
     from tasks.providers import activate, provider_set
 
     truth = capture(models[torch.float32], sample, device)
@@ -227,17 +231,16 @@ def _bf16_vs_fp32(models, sample, device) -> None:
     ratios = {n: rel_l2(bound[n], truth[n]) / max(diffusers_error[n], 1e-12) for n in truth}
     for name in ("out/sample", "out/audio_sample"):
         assert ratios[name] <= 1.0, f"{name}: bound bf16 is {ratios[name]:.2f}x diffusers' bf16 error"
-    adaln = [n for n in truth if n.startswith("grad/") and "adaln_proj.linear.weight" in n]
+    adaln = {n: f"{ratios[n]:.2f}x" for n in truth if n.startswith("grad/") and "adaln_proj.linear.weight" in n}
     assert len(adaln) >= 3
-    for name in adaln:
-        assert ratios[name] <= ADALN_RATIO[torch.device(device).type], f"{name}: {ratios[name]:.2f}x"
+    assert all(ratios[n] <= adaln_ratio for n in adaln), f"adaln_proj weight gradients (bound {adaln_ratio}x): {adaln}"
     worst = max(ratios, key=ratios.get)
     assert ratios[worst] <= BF16_ANY_RATIO, f"{worst}: {ratios[worst]:.2f}x diffusers' bf16 error"
 
 
 def test_bound_bf16_no_worse_than_diffusers(tiny_env):
     _, models, sample = tiny_env
-    _bf16_vs_fp32(models, sample, DEVICE)
+    _bf16_vs_fp32(models, sample, DEVICE, ADALN_RATIO["tiny"])
 
 
 # ------------------------------------------------------------------------------------------------ fallback
@@ -379,7 +382,7 @@ def test_bind_rejects_what_it_cannot_bind_exactly(tiny_env):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 def test_small_preset_bf16_on_cuda(tmp_path):
-    """At S=2056 the fp32 AdaLN table has diffusers' bf16 atomic scatter-add to beat (ADALN_RATIO['cuda'])."""
+    """At S=2056 the fp32 AdaLN table has diffusers' bf16 atomic scatter-add to beat (ADALN_RATIO['small'])."""
     spec = get_preset("small")
     store = Store(str(tmp_path / "store"))
     checkpoint = write_synthetic_checkpoint(store, spec)
@@ -387,7 +390,7 @@ def test_small_preset_bf16_on_cuda(tmp_path):
     sample = build_sample(spec.config, spec.sample)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _bf16_vs_fp32(models, sample, "cuda")
+        _bf16_vs_fp32(models, sample, "cuda", ADALN_RATIO["small"])
         truth = capture(models[torch.bfloat16], sample, "cuda")
         with bind(models[torch.bfloat16], nodes=()):
             chain = capture(models[torch.bfloat16], sample, "cuda")
