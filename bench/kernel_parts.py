@@ -2,7 +2,7 @@
 
     python bench/kernel_parts.py [--preset block] [--seqlen 16384] [--smoke]
 
-`bench/kernels.py` times each op's whole backward (rms_norm_modulate 5.15 ms, gated_residual 2.48 ms at
+`bench/kernel_suite.py` times each op's whole backward (rms_norm_modulate 5.15 ms, gated_residual 2.48 ms at
 S=16384 on the H200, session 2). This splits them: the row-wise dx kernel, the table-row partial sums plus
 their finish, and the whole backward, on the real packed layout (`bench.block.layout`), L2 flushed before each
 call. It also prints how many row chunks of that layout are one table row (the segmented sums' fast path).

@@ -1,7 +1,8 @@
-"""bench/ scripts on the CPU interpreter: kernels.py --smoke (every section, ~30 s); gate_overhead.py on tiny."""
+"""bench/ scripts on the CPU interpreter: kernel_suite.py --smoke (every section, ~30 s); gate_overhead.py on tiny."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -14,12 +15,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def test_no_bench_script_shadows_an_installed_module() -> None:
+    """``python bench/X.py`` puts bench/ first on sys.path, so a script named like a package hides it: a
+    bench/kernels.py broke every diffusers import once transformers began to pull in the ``kernels`` package."""
+    shadowing = [p.name for p in (ROOT / "bench").glob("*.py") if importlib.util.find_spec(p.stem) is not None]
+    assert shadowing == []
+
+
 @pytest.mark.timeout(120)
 def test_kernels_bench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "kernels.json"
     # A subprocess: TRITON_INTERPRET must be set before triton is first imported, and the GPU is not wanted here.
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "bench/kernels.py", "--smoke", "--json", str(out)], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "bench/kernel_suite.py", "--smoke", "--json", str(out)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "FAILED" not in proc.stdout

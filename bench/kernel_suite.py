@@ -1,8 +1,8 @@
 """Issue 4's benchmark: h3kernels' fused kernels against the copy ceiling, attention against SDPA, and one block.
 
-    python bench/kernels.py --json $OUT/kernels.json        # on the H200: about 1.5-3 minutes
-    python bench/kernels.py --skip-attention --skip-block   # the bandwidth part only
-    python bench/kernels.py --smoke                         # CPU, TRITON_INTERPRET=1, tiny shapes: every code path
+    python bench/kernel_suite.py --json $OUT/kernels.json        # on the H200: about 1.5-3 minutes
+    python bench/kernel_suite.py --skip-attention --skip-block   # the bandwidth part only
+    python bench/kernel_suite.py --smoke                         # CPU, TRITON_INTERPRET=1, tiny shapes: every code path
 
 Sections (each prints a progress line as it finishes; ONE table with every number comes last):
 1. copy: `y.copy_(x)` on 4 GiB bf16 (smoke: 4 MiB); bandwidth = bytes read + bytes written over the median time.
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     smoke = args.smoke
     if not smoke and not torch.cuda.is_available():
-        print("bench/kernels.py needs a CUDA device (or --smoke); nothing measured.")
+        print("bench/kernel_suite.py needs a CUDA device (or --smoke); nothing measured.")
         return 0
     device = torch.device("cpu" if smoke else "cuda")
     preset = "tiny" if smoke else "block"
