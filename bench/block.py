@@ -374,6 +374,14 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
 HEADER = ("section", "case", "what", "candidate", "baseline", "ratio / target")
 
 
+def bench_device(smoke: bool, script: str) -> torch.device | None:
+    """The CPU under --smoke, else CUDA; None, after saying so, where there is no CUDA device."""
+    if not smoke and not torch.cuda.is_available():
+        print(f"{script} needs a CUDA device (or --smoke); nothing measured.")
+        return None
+    return torch.device("cpu" if smoke else "cuda")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="CPU, TRITON_INTERPRET=1, tiny widths, S=96")
@@ -383,10 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args(argv)
     smoke = args.smoke
-    if not smoke and not torch.cuda.is_available():
-        print("bench/block.py needs a CUDA device (or --smoke); nothing measured.")
+    device = bench_device(smoke, "bench/block.py")
+    if device is None:
         return 0
-    device = torch.device("cpu" if smoke else "cuda")
     info = machine()
     print(f"{info['device']} | torch {info['torch']} | triton {info['triton']} | diffusers {info['diffusers']}"
           f"{' | SMOKE (CPU interpreter)' if smoke else ''}", flush=True)

@@ -352,10 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-seqlens", type=int, nargs="+", default=None)
     args = parser.parse_args(argv)
     smoke = args.smoke
-    if not smoke and not torch.cuda.is_available():
-        print("bench/kernel_suite.py needs a CUDA device (or --smoke); nothing measured.")
+    device = block_bench.bench_device(smoke, "bench/kernel_suite.py")
+    if device is None:
         return 0
-    device = torch.device("cpu" if smoke else "cuda")
     preset = "tiny" if smoke else "block"
     warmup, iters, kiters = (1, 2, 2) if smoke else (block_bench.WARMUP, block_bench.ITERS, KERNEL_ITERS)
     kwarmup = 1 if smoke else KERNEL_WARMUP
