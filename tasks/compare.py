@@ -13,7 +13,8 @@ For a candidate tensor ``c`` and a reference tensor ``r`` of the same shape::
 - Accumulation is float64. Both tensors are flattened and walked in chunks of ``chunk_elems``
   elements; only one chunk at a time is upcast, so a multi-GB tensor never needs a full float64
   copy. (A non-contiguous input is flattened with one copy in its own dtype.)
-- The reduction runs on the candidate's device (CUDA stays on CUDA; one host sync at the end).
+- The reduction runs on the candidate's device (CUDA stays on CUDA; one host sync at the end, and a
+  second counting pass only when a sum shows a NaN or Inf).
   A reference on another device is moved there one chunk at a time.
 - Dtypes may differ (bf16 candidate vs fp32 reference is the normal case); shapes may not:
   a shape mismatch raises ``ComparisonError`` naming the tensor and both shapes.
