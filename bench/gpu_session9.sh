@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200, next session (issues 5 and 2): the `block` qualify to its verdict in one call, now that reference reads run
+# H200 session 9 (issues 5 and 2): the `block` qualify to its verdict in one call, now that reference reads run
 # ahead on threads (session 7 ran out of its 430 s in the gate, after 77 s of serial provider reports), then the
 # gate's candidate run vs a bare candidate fwd+bwd with the reference preloaded. Logs at INFO, stage stamps, $OUT.
 source bench/device_env.sh || exit 1

@@ -45,7 +45,9 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny preset, S=96")
     args = parser.parse_args()
     preset, S = ("tiny", 96) if args.smoke else (args.preset, args.seqlen)
-    device = torch.device("cpu" if args.smoke else "cuda")
+    device = block_bench.bench_device(args.smoke, "bench/kernel_parts.py")
+    if device is None:
+        return
 
     from h3kernels.modulation import MODALITY_NUM
     from h3kernels.norm import _rms_bwd, _rms_fwd
