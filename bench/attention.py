@@ -17,9 +17,10 @@ flash backend's o / dq / dk / dv (a tuning that breaks results shows there); det
 byte-identical dq/dk/dv.
 
 --sweep compiles every config first in parallel worker processes (one small run each fills Triton's on-disk cache;
-a config that fails to compile or launch is skipped with its error), times each at --sweep-seqlen (16384) only, prints
-the rows sorted by backward TFLOP/s with the best last, then times the best at 4096 and 32768 and prints it as an
-AttnConfig literal for h3kernels/attention.py's CONFIGS table. --budget-s stops timing further configs in time.
+a config that fails to compile or launch is skipped with its error), times each at --sweep-seqlen (16384) only, also
+times the fastest forward, dK/dV and dQ settings of any rows combined, prints the rows sorted by backward TFLOP/s,
+then the fastest forward and the BEST (least forward + backward time), times the best at 4096 and 32768 and prints
+it as an AttnConfig literal for h3kernels/attention.py's CONFIGS table. --budget-s stops timing further configs in time.
 
 --compile-only needs no GPU: it compiles each config's kernels for sm_90 (triton's bundled ptxas) with the
 specialisation real H3 launches get (16-byte aligned pointers and strides; S a multiple of 16 when no tail tile) and
@@ -142,6 +143,8 @@ class Row:
     text: str
     ok: bool = False  # ran, and two backward runs were byte-identical
     split: tuple = ()  # (dK/dV kernel ms, dQ kernel ms) for h3kernels rows
+    fwd_ms: float = float("inf")
+    bwd_ms: float = float("inf")
 
 
 def _row(S: int, args: argparse.Namespace, fn: Callable[..., torch.Tensor], tensors: list[torch.Tensor],
@@ -156,8 +159,9 @@ def _row(S: int, args: argparse.Namespace, fn: Callable[..., torch.Tensor], tens
     diff = " ".join(f"{float((a.float() - b.float()).abs().max()):.1e}" for a, b in zip(res, ref or res, strict=True))
     bwd_tf = 2.5 * fwd_flop / bwd_ms / 1e9
     kernels = "  ".join(f"{ms:7.3f}" for ms in split) if split else f"{'-':>7}  {'-':>7}"
-    return Row(bwd_tf, f"{fwd_ms:8.3f}  {fwd_flop / fwd_ms / 1e9:11.1f}  {bwd_ms:8.3f}  {bwd_tf:11.1f}  {kernels}  "
-                       f"{'yes' if det else 'NO':>4}  {diff if ref is not None else 'n/a'}", det, split), res
+    text = (f"{fwd_ms:8.3f}  {fwd_flop / fwd_ms / 1e9:11.1f}  {bwd_ms:8.3f}  {bwd_tf:11.1f}  {kernels}  "
+            f"{'yes' if det else 'NO':>4}  {diff if ref is not None else 'n/a'}")
+    return Row(bwd_tf, text, det, split, fwd_ms, bwd_ms), res
 
 
 _HEADER = (f"{'fwd ms':>8}  {'fwd TFLOP/s':>11}  {'bwd ms':>8}  {'bwd TFLOP/s':>11}  {'dkdv ms':>7}  {'dq ms':>7}  "
@@ -247,14 +251,16 @@ def _sweep(args: argparse.Namespace, specs: list[str]) -> None:
 
     for spec, cfg in configs.items():
         run(spec, cfg)
-    # The two kernels run one after the other on independent tiles, so the fastest dK/dV settings and the fastest
-    # dQ settings (taken from any rows) compose; time that combination too when no line had it.
+    # The forward, dK/dV and dQ kernels are separate launches on independent tiles, so the fastest settings of each
+    # (taken from any rows) compose; time that combination too when no line had it.
     timed = {s: r for s, r in rows.items() if r.ok}
     if timed:
-        best_dkdv = configs[min(timed, key=lambda s: timed[s].split[0])]
-        best_dq = configs[min(timed, key=lambda s: timed[s].split[1])]
-        combo = dataclasses.replace(best_dkdv, **{f: getattr(best_dq, f) for f in best_dq.__dataclass_fields__
-                                                  if f.startswith("dq_")})
+        best = {"fwd_": configs[min(timed, key=lambda s: timed[s].fwd_ms)],
+                "dq_": configs[min(timed, key=lambda s: timed[s].split[1])]}
+        combo = configs[min(timed, key=lambda s: timed[s].split[0])]  # the dK/dV fields
+        for prefix, cfg in best.items():
+            combo = dataclasses.replace(combo, **{f: getattr(cfg, f) for f in cfg.__dataclass_fields__
+                                                  if f.startswith(prefix)})
         if combo not in configs.values():
             base = A.CONFIGS[(D, dtype)]
             spec = ",".join(f"{f}={getattr(combo, f)}" for f in combo.__dataclass_fields__
@@ -274,9 +280,12 @@ def _sweep(args: argparse.Namespace, specs: list[str]) -> None:
     if not good:
         print("no config ran deterministically")
         return
-    best = max(good, key=lambda s: rows[s].bwd_tf)
+    best = min(good, key=lambda s: rows[s].fwd_ms + rows[s].bwd_ms)  # what a training step pays
+    fastest = min(good, key=lambda s: rows[s].fwd_ms)
+    print(f"\nFASTEST FORWARD [{fastest}]: {rows[fastest].fwd_ms:.3f} ms at S={S} (sdpa-cudnn {cudnn.fwd_ms:.3f})")
     winner = configs[best]
-    print(f"\nBEST [{best}]: bwd {rows[best].bwd_tf:.1f} TFLOP/s at S={S} (sdpa-cudnn {cudnn.bwd_tf:.1f})")
+    print(f"BEST [{best}]: fwd+bwd {rows[best].fwd_ms + rows[best].bwd_ms:.3f} ms, bwd {rows[best].bwd_tf:.1f} "
+          f"TFLOP/s at S={S} (sdpa-cudnn {cudnn.fwd_ms + cudnn.bwd_ms:.3f} ms, {cudnn.bwd_tf:.1f})")
     fields = ", ".join(str(getattr(winner, f)) for f in winner.__dataclass_fields__)
     print(f"CONFIGS line for h3kernels/attention.py: ({D}, torch.bfloat16): AttnConfig({fields}),", flush=True)
     _table(args, [s for s in args.winner_seqlens if s != S],

@@ -80,3 +80,19 @@ def test_kernel_parts_bench_smoke() -> None:
     assert "row chunks are one table row" in lines[0]
     parts = dict(line.rsplit(None, 1) for line in lines[2:])
     assert len(parts) == 5 and all(float(ms) > 0 for ms in parts.values())
+
+
+@pytest.mark.timeout(120)
+def test_block_profile_bench_smoke() -> None:
+    """bench/block_profile.py on tiny: both runs profiled, categories and kernels tabled, the table last."""
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "bench/block_profile.py", "--smoke", "--top", "5"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    table = lines[lines.index(next(ln for ln in lines if ln.startswith("section"))):]
+    total = next(ln for ln in table if "total device time per pass" in ln).split()
+    default, candidate = float(total[-4]), float(total[-3])
+    assert default > 0 and candidate > 0
+    assert any(ln.startswith("category  attention (h3kernels)") for ln in table)  # the candidate's own attention
+    assert sum(ln.startswith("kernel ") for ln in table) == 5

@@ -283,14 +283,18 @@ def test_kernels_compile_for_sm90_without_spills(tmp_path: Path) -> None:
     assert not {k: v for k, v in report.items() if v["stack"] or v["smem"] > 227 * 1024}, report
 
 
-def test_sweep_file_lines_are_valid_configs() -> None:
-    # bench/attention_sweep.txt runs on the H200 in one call: a line that does not parse would only show up there.
+def _bench_module() -> object:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_attention", BENCH)
     bench = sys.modules.setdefault("bench_attention", importlib.util.module_from_spec(spec))
     spec.loader.exec_module(bench)
-    lines = bench._sweep_specs(str(ROOT / "bench" / "attention_sweep.txt"))
+    return bench
+
+
+def test_sweep_file_lines_are_valid_configs() -> None:
+    # bench/attention_sweep.txt runs on the H200 in one call: a line that does not parse would only show up there.
+    lines = _bench_module()._sweep_specs(str(ROOT / "bench" / "attention_sweep.txt"))
     assert 10 <= len(lines) <= 20 and len(set(lines)) == len(lines)
     configs = [A.resolve_config(128, torch.bfloat16, line) for line in lines]
     assert len(set(configs)) == len(configs)
@@ -298,6 +302,15 @@ def test_sweep_file_lines_are_valid_configs() -> None:
     assert A.resolve_config(128, torch.bfloat16, lines[0]) == A.AttnConfig(128, 64, 8, 3, 32, 64, 8, 3, 64, 64, 4, 3,
                                                                              0, 0)
     assert A.CONFIGS[(128, torch.bfloat16)] in configs
+
+
+def test_forward_sweep_file_varies_only_the_forward() -> None:
+    # bench/attention_sweep_fwd.txt: distinct forward tiles over the table's backward, the table entry first.
+    lines = _bench_module()._sweep_specs(str(ROOT / "bench" / "attention_sweep_fwd.txt"))
+    configs = [A.resolve_config(128, torch.bfloat16, line) for line in lines]
+    assert len(lines) >= 5 and len(set(configs)) == len(configs)
+    assert configs[0] == A.CONFIGS[(128, torch.bfloat16)]
+    assert all(key.startswith("fwd_") for line in lines for key in (item.split("=")[0] for item in line.split(",")))
 
 
 @pytest.mark.gpu
