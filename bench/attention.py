@@ -255,10 +255,10 @@ def _sweep(args: argparse.Namespace, specs: list[str]) -> None:
     # (taken from any rows) compose; time that combination too when no line had it.
     timed = {s: r for s, r in rows.items() if r.ok}
     if timed:
-        best = {"fwd_": configs[min(timed, key=lambda s: timed[s].fwd_ms)],
+        fastest_of = {"fwd_": configs[min(timed, key=lambda s: timed[s].fwd_ms)],
                 "dq_": configs[min(timed, key=lambda s: timed[s].split[1])]}
         combo = configs[min(timed, key=lambda s: timed[s].split[0])]  # the dK/dV fields
-        for prefix, cfg in best.items():
+        for prefix, cfg in fastest_of.items():
             combo = dataclasses.replace(combo, **{f: getattr(cfg, f) for f in cfg.__dataclass_fields__
                                                   if f.startswith(prefix)})
         if combo not in configs.values():
