@@ -8,11 +8,12 @@ bench/block.py says how long the two runs take; this says which kernels the diff
 its weights and inputs are bench/block.py's (`build_block`, `block_inputs`); the candidate is bound with
 `h3kernels.bind(block_wrapper(block), strict=True)` under the same provider, as there.
 
-Method: `--warmup` untimed passes, then torch.profiler (CUDA activity; CPU ops under --smoke) over `--iters` forward
-+ backward passes. Each kernel's device time is summed and divided by the passes, so the numbers are ms per pass
-(profiling serialises nothing on the device, but the per-pass total can differ a little from bench/block.py's CUDA
-event times). Kernels are grouped by name into CATEGORIES; the table lists each category for both runs, then the
-`--top` kernels by the candidate's excess over the default. The table comes last.
+Method: `--warmup` untimed passes, `--iters` passes timed with CUDA events (bench/block.py's `time_ms`: the median
+pass), then torch.profiler (CUDA activity; CPU ops under --smoke) over `--iters` more. Each kernel's device time is
+summed and divided by the passes, so the numbers are ms per pass. Event time minus kernel time is the time the device
+sat idle in a pass: waiting for the host to launch (host-side work per op, a synchronising call). Kernels are
+grouped by name into CATEGORIES; the table lists each category for both runs, the pass times, then the `--top`
+kernels by the candidate's excess over the default. The table comes last.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -32,27 +34,28 @@ import torch  # noqa: E402
 
 from bench import block as block_bench  # noqa: E402
 
-# (category, substrings of a kernel name, matched in this order, case-insensitive). Triton kernels are named after
-# their function (h3kernels' are `_..._kernel`); cuBLAS GEMMs are `nvjet_*`, `sm90_xmma_gemm_*` or `cutlass*`;
-# the cuDNN and flash SDPA kernels carry `sdpa`, `fmha` or `flash` in their names.
-CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("attention (h3kernels)", ("_attn_", "_attentionfn")),  # kernels; the autograd Function (CPU)
-    ("attention (SDPA)", ("sdpa", "fmha", "flash", "attention")),
-    ("GEMM (cuBLAS)", ("gemm", "nvjet", "cutlass", "xmma", "addmm", "aten::mm", "aten::bmm", "linear")),
-    ("h3kernels (other)", ("_kernel",)),
-    ("copies and casts", ("copy", "cast", "convert", "to_copy", "contiguous", "clone")),
-    ("everything else (elementwise, reductions, index)", ("",)),
+# (category, pattern searched in the kernel name, case-insensitive), first match wins. Triton kernels are named after
+# their function, and every h3kernels one is `_..._kernel` (ATen's are `void at::native::..._kernel<...>`); cuBLAS
+# GEMMs are `nvjet_*`, `sm90_xmma_gemm_*` or `cutlass*`; cuDNN and flash SDPA kernels carry `sdpa`, `fmha` or
+# `flash`. Under --smoke the rows are CPU ops: ATen ops and h3kernels' autograd Functions (`_AttentionFn`, ...).
+CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("attention (h3kernels)", r"^_attn_\w*_kernel$|^_attentionfn"),
+    ("attention (SDPA)", r"sdpa|fmha|flash|attention"),
+    ("GEMM (cuBLAS)", r"gemm|nvjet|cutlass|xmma|^aten::(addmm|mm|bmm|linear)$"),
+    ("h3kernels (other)", r"^_\w+_kernel$|^_\w+$"),
+    ("copies and casts", r"copy|cast|convert|contiguous|clone"),
+    ("everything else (elementwise, reductions, index)", r""),
 )
 
 
 def category(name: str) -> str:
-    low = name.lower()
-    return next(cat for cat, keys in CATEGORIES if any(k in low for k in keys))
+    return next(cat for cat, pattern in CATEGORIES if re.search(pattern, name, re.IGNORECASE))
 
 
 def profile_passes(block: torch.nn.Module, inputs: dict, device: torch.device, warmup: int,
-                   iters: int) -> dict[str, float]:
-    """{kernel name: ms per forward+backward pass} over `iters` profiled passes after `warmup` untimed ones."""
+                   iters: int) -> tuple[dict[str, float], float]:
+    """({kernel name: ms per forward+backward pass} over `iters` profiled passes, the median pass in ms timed with
+    CUDA events over `iters` unprofiled ones), after `warmup` untimed passes."""
     from torch.profiler import ProfilerActivity, profile
 
     grad = inputs["grad"].to(torch.bfloat16)
@@ -62,9 +65,7 @@ def profile_passes(block: torch.nn.Module, inputs: dict, device: torch.device, w
         x, temb = block_bench._leaves(inputs, torch.bfloat16)
         block(x, temb, inputs["adaln_indices"], inputs["rotary_emb"]).backward(grad)
 
-    for _ in range(warmup):
-        once()
-    block_bench.sync(device)
+    pass_ms = block_bench.time_ms(once, device, warmup, iters)
     cuda = device.type == "cuda"
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         for _ in range(iters):
@@ -77,11 +78,12 @@ def profile_passes(block: torch.nn.Module, inputs: dict, device: torch.device, w
             per_kernel[evt.key] += evt.self_device_time_total / 1e3 / iters
         elif not cuda and evt.self_cpu_time_total > 0 and evt.key.startswith(("aten::", "_")):
             per_kernel[evt.key] += evt.self_cpu_time_total / 1e3 / iters
-    return dict(per_kernel)
+    return dict(per_kernel), pass_ms
 
 
-def profile_block(preset: str, S: int, device: torch.device, warmup: int, iters: int) -> dict[str, dict[str, float]]:
-    """{"default": {kernel: ms}, "candidate": {kernel: ms}} for one block of `preset` at sequence length S."""
+def profile_block(preset: str, S: int, device: torch.device, warmup: int,
+                  iters: int) -> dict[str, tuple[dict[str, float], float]]:
+    """{"default": ({kernel: ms}, pass ms), "candidate": (...)} for one block of `preset` at sequence length S."""
     from h3kernels import bind
     from tasks.golden import block_wrapper
     from tasks.providers import CPU_PROVIDERS, CUDA_PROVIDERS, activate
@@ -90,7 +92,7 @@ def profile_block(preset: str, S: int, device: torch.device, warmup: int, iters:
     provider = CUDA_PROVIDERS["default"] if device.type == "cuda" else CPU_PROVIDERS["cpu-default"]
     block = block_bench.build_block(block_bench.block_config(preset)).to(device=device, dtype=torch.bfloat16)
     inputs = block_bench.block_inputs(preset, S, device)
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, tuple[dict[str, float], float]] = {}
     with activate(provider, dev):
         out["default"] = profile_passes(block, inputs, device, warmup, iters)
         binding = bind(block_wrapper(block), strict=True)
@@ -110,14 +112,18 @@ def by_category(per_kernel: dict[str, float]) -> dict[str, float]:
     return sums
 
 
-def rows(runs: dict[str, dict[str, float]], top: int) -> list[list[str]]:
-    default, cand = runs["default"], runs["candidate"]
+def rows(runs: dict[str, tuple[dict[str, float], float]], top: int) -> list[list[str]]:
+    (default, pass_d), (cand, pass_c) = runs["default"], runs["candidate"]
     cat_d, cat_c = by_category(default), by_category(cand)
     out = [["category", cat, f"{cat_d[cat]:.3f}", f"{cat_c[cat]:.3f}", f"{cat_c[cat] - cat_d[cat]:+.3f}"]
            for cat in cat_d if cat_d[cat] or cat_c[cat]]
     total_d, total_c = sum(default.values()), sum(cand.values())
     out.append(["category", "total device time per pass", f"{total_d:.3f}", f"{total_c:.3f}",
                 f"{total_c - total_d:+.3f} ({total_c / total_d:.3f}x)" if total_d else "-"])
+    out.append(["pass", "fwd+bwd time per pass (median; CUDA events)", f"{pass_d:.3f}", f"{pass_c:.3f}",
+                f"{pass_c - pass_d:+.3f} ({pass_c / pass_d:.3f}x)"])
+    out.append(["pass", "device idle per pass (event time - kernel time)", f"{pass_d - total_d:.3f}",
+                f"{pass_c - total_c:.3f}", f"{(pass_c - total_c) - (pass_d - total_d):+.3f}"])
     names = sorted(set(default) | set(cand), key=lambda n: -abs(cand.get(n, 0.0) - default.get(n, 0.0)))
     for name in names[:top]:
         d, c = default.get(name, 0.0), cand.get(name, 0.0)

@@ -95,4 +95,6 @@ def test_block_profile_bench_smoke() -> None:
     default, candidate = float(total[-4]), float(total[-3])
     assert default > 0 and candidate > 0
     assert any(ln.startswith("category  attention (h3kernels)") for ln in table)  # the candidate's own attention
+    passes = [ln for ln in table if ln.startswith("pass ")]
+    assert len(passes) == 2 and all(float(ln.split()[-4]) > 0 for ln in passes[:1])
     assert sum(ln.startswith("kernel ") for ln in table) == 5

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from h3kernels import norm
+from h3kernels import _common, norm
 from h3kernels import reference as ref
 from h3kernels._common import KernelInputError
 from tests.kernels.harness import (
@@ -216,6 +216,34 @@ def test_rms_norm_modulate_rejects(case, call, match):
     with pytest.raises(KernelInputError, match="rms_norm_modulate") as err:
         norm.rms_norm_modulate(*call)
     assert match in str(err.value), str(err.value)
+
+
+def test_index_range_is_read_once_per_tensor_version():
+    # The range check's device read is remembered per tensor version (a block passes one index tensor to four ops):
+    # the range is stored once, and an in-place write that puts an entry out of range is still caught.
+    args, _ = modulate_args(8, 16, 1, 6, torch.float32)
+    x, w, t, idx = args[:4]
+    norm.rms_norm_modulate(*args)
+    assert _common._INDEX_RANGES[idx][2:] == (int(idx.min()), int(idx.max()))
+    norm.rms_norm_modulate(*args)
+    idx[0] = t.shape[0]  # in place: bumps the version counter
+    with pytest.raises(KernelInputError, match=r"outside the valid range \[0, 3\)"):
+        norm.rms_norm_modulate(*args)
+    with torch.inference_mode():  # inference tensors have no version counter: read every time, never stored
+        frozen = idx.clone()
+    assert _common.index_range(frozen) == (int(idx.min()), t.shape[0]) and frozen not in _common._INDEX_RANGES
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="needs a CUDA device")
+def test_repeated_index_check_does_not_sync_the_device():
+    args, _ = modulate_args(64, 128, 2, 6, torch.bfloat16)
+    norm.rms_norm_modulate(*args)  # the first call reads the range: one sync
+    torch.cuda.set_sync_debug_mode("error")  # any synchronising call now raises
+    try:
+        norm.rms_norm_modulate(*args)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 def test_rms_norm_and_qk_reject():
