@@ -60,13 +60,15 @@ from h3kernels._common import (
 
 MODALITY_NUM = 3  # diffusers MINIMAX_H3_MODALITY_NUM: table rows per timestep (video, text, audio)
 
-# GEMV tiles (forward and d_temb). BLOCK_C x BLOCK_E = 64 x 64 weight values per step at 8 warps: the forward
-# compiles to 102 registers, no spills, for sm_90 (ptxas via triton's cuobjdump, on the CPU); 64 x 128 at 4
-# warps spilled (254 registers + 56 B stack). At the real width (C=96768, E=2688) the forward grid is 1512
-# programs, enough to keep 132 SMs streaming the 520 MB weight once. On the interpreter the tile is larger so
-# that fewer (slow, Python-level) programs run. Not yet timed on the GPU.
-GEMV_BLOCK_C = 128 if is_interpreting() else 64
-GEMV_BLOCK_E = 128 if is_interpreting() else 64
+# GEMV tiles (forward and d_temb): BLOCK_C weight rows x BLOCK_E columns per step, products kept elementwise in a
+# [BLOCK_T, BLOCK_C, BLOCK_E] fp32 accumulator and reduced once at the end. 16 x 256 at 8 warps: 77 / 103 registers
+# (forward / d_temb) at BLOCK_T 2, 118 / 172 at BLOCK_T 4, no spills, for sm_90 (ptxas via triton's cuobjdump, on
+# the CPU). 512-byte row segments per load; at the real width (C=96768, E=2688) the forward grid is 6048 programs.
+# The first version reduced across threads on every 64 x 64 step and ran at 41% of copy (fwd) on the H200, 0.47x
+# torch's speed; bench/adaln_tiles.py times the alternatives. On the interpreter the tile is larger so that fewer
+# (slow, Python-level) programs run.
+GEMV_BLOCK_C = 128 if is_interpreting() else 16
+GEMV_BLOCK_E = 128 if is_interpreting() else 256
 GEMV_WARPS = 8
 # d_temb reduces over C: split C into about this many fixed ranges (grid = E/BLOCK_E x split, 21 x 64 at the
 # real width), then sum the split partials in order. 64 fills the GPU; the interpreter needs few splits.
@@ -102,23 +104,23 @@ def _adaln_fwd_kernel(temb_ptr, w_ptr, b_ptr, out_ptr, T, C, E,
     cols = pid * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
     ts = tl.arange(0, BLOCK_T)
-    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    tmask = ts < T
+    # Elementwise fp32 products per (timestep, output, e) lane, summed over e once at the end: no cross-thread
+    # reduction inside the loop, which streams the weight (each tile read once, serving every timestep).
+    acc = tl.zeros([BLOCK_T, BLOCK_C, BLOCK_E], dtype=tl.float32)
     for e0 in range(0, E, BLOCK_E):
         es = e0 + tl.arange(0, BLOCK_E)
         emask = es < E
-        # Each weight tile is read once and serves every timestep. Upcast before any arithmetic (bf16 math is
-        # wrong in the interpreter and we want fp32 products anyway).
+        # Upcast before any arithmetic (bf16 math is wrong in the interpreter and we want fp32 products anyway).
         w = tl.load(w_ptr + cols[:, None] * E + es[None, :], mask=cmask[:, None] & emask[None, :], other=0.0)
-        w = w.to(tl.float32)
-        for t in range(T):
-            x = tl.load(temb_ptr + t * E + es, mask=emask, other=0.0).to(tl.float32)
-            s = x * sigmoid_f32(x)  # silu in fp32, never rounded to the weight dtype
-            part = tl.sum(w * s[None, :], axis=1)
-            acc += tl.where(ts[:, None] == t, part[None, :], 0.0)
+        x = tl.load(temb_ptr + ts[:, None] * E + es[None, :], mask=tmask[:, None] & emask[None, :], other=0.0)
+        x = x.to(tl.float32)
+        s = x * sigmoid_f32(x)  # silu in fp32, never rounded to the weight dtype
+        acc += w.to(tl.float32)[None, :, :] * s[:, None, :]
     bias = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    acc += bias[None, :]
+    table = tl.sum(acc, axis=2) + bias[None, :]
     # The table stays fp32: no rounding to the weight dtype (the point of this op).
-    tl.store(out_ptr + ts[:, None] * C + cols[None, :], acc, mask=(ts[:, None] < T) & cmask[None, :])
+    tl.store(out_ptr + ts[:, None] * C + cols[None, :], table, mask=tmask[:, None] & cmask[None, :])
 
 
 @triton.jit
@@ -153,18 +155,17 @@ def _adaln_bwd_temb_partial_kernel(w_ptr, dtab_ptr, part_ptr, T, C, E, C_PER_SPL
     es = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
     emask = es < E
     ts = tl.arange(0, BLOCK_T)
-    acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+    tmask = ts < T
+    # As in the forward: elementwise fp32 products, summed over this split's C rows once at the end.
+    acc = tl.zeros([BLOCK_T, BLOCK_C, BLOCK_E], dtype=tl.float32)
     for c0 in range(0, C_PER_SPLIT, BLOCK_C):
         cs = pid_s * C_PER_SPLIT + c0 + tl.arange(0, BLOCK_C)
         cmask = cs < C
         w = tl.load(w_ptr + cs[:, None] * E + es[None, :], mask=cmask[:, None] & emask[None, :], other=0.0)
-        w = w.to(tl.float32)
-        for t in range(T):
-            g = tl.load(dtab_ptr + t * C + cs, mask=cmask, other=0.0).to(tl.float32)
-            part = tl.sum(w * g[:, None], axis=0)
-            acc += tl.where(ts[:, None] == t, part[None, :], 0.0)
+        g = tl.load(dtab_ptr + ts[:, None] * C + cs[None, :], mask=tmask[:, None] & cmask[None, :], other=0.0)
+        acc += w.to(tl.float32)[None, :, :] * g.to(tl.float32)[:, :, None]
     offs = pid_s * T * E + ts[:, None] * E + es[None, :]
-    tl.store(part_ptr + offs, acc, mask=(ts[:, None] < T) & emask[None, :])
+    tl.store(part_ptr + offs, tl.sum(acc, axis=1), mask=tmask[:, None] & emask[None, :])
 
 
 # Segmented-sum building blocks, shared by the partial kernels here, in norm.py and in residual.py.

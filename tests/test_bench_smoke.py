@@ -98,3 +98,15 @@ def test_block_profile_bench_smoke() -> None:
     passes = [ln for ln in table if ln.startswith("pass ")]
     assert len(passes) == 2 and all(float(ln.split()[-4]) > 0 for ln in passes[:1])
     assert sum(ln.startswith("kernel ") for ln in table) == 5
+
+
+@pytest.mark.timeout(120)
+def test_adaln_tiles_bench_smoke() -> None:
+    """bench/adaln_tiles.py on tiny: the torch row and one tile row, checked against torch, the table last."""
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "bench/adaln_tiles.py", "--smoke"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-2:]
+    assert last[0].startswith("torch (bf16") and last[1].startswith("h3kernels 128x128x4")
+    assert float(last[1].split()[-1]) < 2e-2  # the candidate computes the same table as torch, up to bf16
