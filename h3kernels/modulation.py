@@ -61,15 +61,16 @@ from h3kernels._common import (
 MODALITY_NUM = 3  # diffusers MINIMAX_H3_MODALITY_NUM: table rows per timestep (video, text, audio)
 
 # GEMV tiles (forward and d_temb): BLOCK_C weight rows x BLOCK_E columns per step, products kept elementwise in a
-# [BLOCK_T, BLOCK_C, BLOCK_E] fp32 accumulator and reduced once at the end. 16 x 256 at 8 warps: 77 / 103 registers
-# (forward / d_temb) at BLOCK_T 2, 118 / 172 at BLOCK_T 4, no spills, for sm_90 (ptxas via triton's cuobjdump, on
+# [BLOCK_T, BLOCK_C, BLOCK_E] fp32 accumulator and reduced once at the end. 16 x 256 at 4 warps: 123 / 147 registers
+# (forward / d_temb) at BLOCK_T 2, 202 / 254 at BLOCK_T 4, no spills, for sm_90 (ptxas via triton's cuobjdump, on
 # the CPU). 512-byte row segments per load; at the real width (C=96768, E=2688) the forward grid is 6048 programs.
-# The first version reduced across threads on every 64 x 64 step and ran at 41% of copy (fwd) on the H200, 0.47x
-# torch's speed; bench/adaln_tiles.py times the alternatives. On the interpreter the tile is larger so that fewer
-# (slow, Python-level) programs run.
+# bench/adaln_tiles.py on the H200 (session 13, bench/RESULTS.md): 16x256 at 4 warps ran the forward at 69% of copy
+# and forward + backward (d_temb, plus the untuned d_weight kernel) in 0.356 ms, the best pair of the 8 tiles timed;
+# the same tile at 8 warps: 54% / 0.413 ms. The first version reduced across threads on every 64 x 64 step (41% of
+# copy, 0.855 ms backward). On the interpreter the tile is larger so that fewer (slow, Python-level) programs run.
 GEMV_BLOCK_C = 128 if is_interpreting() else 16
 GEMV_BLOCK_E = 128 if is_interpreting() else 256
-GEMV_WARPS = 8
+GEMV_WARPS = 4
 # d_temb reduces over C: split C into about this many fixed ranges (grid = E/BLOCK_E x split, 21 x 64 at the
 # real width), then sum the split partials in order. 64 fills the GPU; the interpreter needs few splits.
 DTEMB_TARGET_SPLIT = 4 if is_interpreting() else 64
