@@ -305,7 +305,7 @@ def _sdpa_backend(name: str) -> Callable[..., torch.Tensor]:
 # --compile-only: sm_90 compiles without a GPU (triton ships ptxas and cuobjdump).
 # ---------------------------------------------------------------------------------------------------------------------
 def _compile_one(fn: object, const: dict[str, object], warps: int, stages: int, wd: str, s_div16: bool,
-                 out_dir: str) -> dict[str, object]:
+                 out_dir: str, desc_rows: dict[str, int] | None = None) -> dict[str, object]:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -313,6 +313,9 @@ def _compile_one(fn: object, const: dict[str, object], warps: int, stages: int, 
     tensors = ("Q", "K", "V", "Out", "DO", "DK", "DV", "DQ")
     sig = {a: "constexpr" if a in const else "*fp32" if a in ("LSE", "DELTA") else "*" + wd if a in tensors
            else "fp32" if "scale" in a else "i32" for a in fn.arg_names}
+    for a, rows in (desc_rows or {}).items():  # tma=1: these operands are [B, S, NH, D] tensor descriptors
+        if a in sig:
+            sig[a] = f"tensordesc<{wd}[1,{rows},1,{const['D']}]>"
     # What the JIT launcher specialises for H3 tensors: 16-byte aligned pointers and strides (NH*D, D multiples of
     # 16), S when it is a multiple of 16; NH=56 is not. Without these hints the loads are not pipelined (no cp.async).
     aligned = [i for i, a in enumerate(fn.arg_names) if a not in const and (sig[a].startswith("*") or (
@@ -341,18 +344,24 @@ def compile_report(cfg: object, D: int, dtype: torch.dtype, tails: tuple[bool, .
 
     wd = "bf16" if dtype == torch.bfloat16 else "fp32"
     flags = dict(D=D, UPCAST=False, PREC="ieee" if wd == "fp32" else "tf32")
-    jobs = [("delta", A._attn_bwd_delta_kernel, dict(D=D, BLOCK_M=A._DELTA_M), 4, 1, True)]
+
+    def rows(tma: int, q: int, kv: int) -> dict[str, int] | None:  # *_tma=1: the streamed operands' descriptor rows
+        return (dict(K=kv, V=kv) if kv else dict(Q=q, DO=q)) if tma else None
+
+    jobs = [("delta", A._attn_bwd_delta_kernel, dict(D=D, BLOCK_M=A._DELTA_M), 4, 1, True, None)]
     for tail in tails:
         jobs += [(f"fwd tail={tail}", A._attn_fwd_kernel, dict(flags, TAIL=tail, BLOCK_M=cfg.fwd_m,
-                  BLOCK_N=cfg.fwd_n), cfg.fwd_warps, cfg.fwd_stages, not tail),
+                  BLOCK_N=cfg.fwd_n, TMA=bool(cfg.fwd_tma)), cfg.fwd_warps, cfg.fwd_stages, not tail,
+                  rows(cfg.fwd_tma, 0, cfg.fwd_n)),
                  (f"dkdv tail={tail}", A._attn_bwd_dkdv_kernel, dict(flags, TAIL=tail, BLOCK_M=cfg.dkdv_m,
-                  BLOCK_N=cfg.dkdv_n, DP_FIRST=bool(cfg.dkdv_dp_first)), cfg.dkdv_warps, cfg.dkdv_stages, not tail),
+                  BLOCK_N=cfg.dkdv_n, DP_FIRST=bool(cfg.dkdv_dp_first), TMA=bool(cfg.dkdv_tma)), cfg.dkdv_warps,
+                  cfg.dkdv_stages, not tail, rows(cfg.dkdv_tma, cfg.dkdv_m, 0)),
                  (f"dq tail={tail}", A._attn_bwd_dq_kernel, dict(flags, TAIL=tail, BLOCK_M=cfg.dq_m, BLOCK_N=cfg.dq_n,
-                  DP_FIRST=bool(cfg.dq_dp_first)),
-                  cfg.dq_warps, cfg.dq_stages, not tail)]
+                  DP_FIRST=bool(cfg.dq_dp_first), TMA=bool(cfg.dq_tma)), cfg.dq_warps, cfg.dq_stages, not tail,
+                  rows(cfg.dq_tma, 0, cfg.dq_n))]
     with tempfile.TemporaryDirectory() as out_dir:
-        return {f"{name} D={D} {wd}": _compile_one(fn, const, warps, stages, wd, s16, out_dir)
-                for name, fn, const, warps, stages, s16 in jobs}
+        return {f"{name} D={D} {wd}": _compile_one(fn, const, warps, stages, wd, s16, out_dir, desc)
+                for name, fn, const, warps, stages, s16, desc in jobs}
 
 
 def _compile_only(args: argparse.Namespace, specs: list[str]) -> int:

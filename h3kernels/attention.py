@@ -39,15 +39,18 @@ import torch
 import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from h3kernels._common import KernelInputError, cast_rne, is_interpreting, new_empty
-
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Tuned constants: spill-free starting points, to be retuned for speed on the H200 with bench/attention.py. Override any
 # field without editing this file: H3KERNELS_ATTN_CONFIG="fwd_m=128,fwd_n=128,fwd_warps=8" (applies to every D/dtype),
 # or pass ``config=AttnConfig(...)`` to ``attention``.
 # ---------------------------------------------------------------------------------------------------------------------
+_FLAG_FIELDS = ("dkdv_dp_first", "dq_dp_first", "fwd_tma", "dkdv_tma", "dq_tma")
+
+
 @dataclasses.dataclass(frozen=True)
 class AttnConfig:
     fwd_m: int  # query rows per forward program
@@ -68,11 +71,18 @@ class AttnConfig:
     # arithmetic either way, so results are byte-identical across this flag.
     dkdv_dp_first: int = 1
     dq_dp_first: int = 1
+    # 1: the tiles the kernel's loop streams (k/v in the forward and dQ, q/dO in dK/dV) are read through TMA tensor
+    # descriptors over the [B, S, NH, D] tensors (Hopper's copy engine: no per-thread address maths, tail rows
+    # zero-filled by the hardware) when those tensors are 16-byte aligned (see _tma_ready); 0, or unaligned
+    # tensors: masked pointer loads. The same values land in the tiles, so results are byte-identical either way.
+    fwd_tma: int = 0
+    dkdv_tma: int = 0
+    dq_tma: int = 0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             val = getattr(self, f.name)
-            flag = f.name.endswith("_dp_first")
+            flag = f.name in _FLAG_FIELDS
             if not isinstance(val, int) or val < (not flag) or (flag and val > 1):
                 need = "0 or 1" if flag else "a positive int"
                 raise KernelInputError(f"attention: config {f.name}={val!r} must be {need}")
@@ -95,8 +105,12 @@ class AttnConfig:
 _BF16_SMALL_D = AttnConfig(128, 64, 8, 3, 32, 128, 8, 3, 128, 32, 8, 3)
 CONFIGS: dict[tuple[int, torch.dtype], AttnConfig] = {
     # Backward tiles: the winner of `bench/attention.py --sweep bench/attention_sweep.txt` on the H200
-    # (2026-12-02, session 2): 393 TFLOP/s backward at S=16384, was 200 with (32x64/8/3, 64x64/4/3).
-    (128, torch.bfloat16): AttnConfig(128, 64, 8, 3, 32, 128, 8, 4, 128, 64, 8, 4, 1, 1),
+    # (2026-12-02, session 2): 393 TFLOP/s backward at S=16384, was 200 with (32x64/8/3, 64x64/4/3). The forward's
+    # pointer-load tiles were swept in session 12 (bench/attention_sweep_fwd.txt): none beat 128x64/8/3. TMA loads
+    # (bench/attention_sweep_tma.txt, session 14) let the forward take 128-key steps (194 registers, 233 without
+    # TMA) and sped up dQ's streamed K/V; dK/dV ran slower with them (32.8 vs 30.3 ms) and keeps pointer loads.
+    # At S=16384, 40 iterations: fwd 15.73 ms (was 16.10), bwd 47.91 (was 48.34); bench/RESULTS.md, session 14.
+    (128, torch.bfloat16): AttnConfig(128, 128, 8, 3, 32, 128, 8, 4, 128, 64, 8, 4, 1, 1, fwd_tma=1, dq_tma=1),
     (64, torch.bfloat16): _BF16_SMALL_D,
     (32, torch.bfloat16): _BF16_SMALL_D,
     (128, torch.float32): AttnConfig(64, 32, 8, 2, 32, 32, 8, 2, 32, 16, 8, 2),
@@ -142,6 +156,32 @@ def _load_tile(ptrs, mask, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _head_base(X, b, h, s_b, s_h, TMA: tl.constexpr):
+    # Where (batch b, head h) of a [B, S, NH, D] operand starts: a pointer, or the tensor descriptor itself (its
+    # loads take (b, row, h, 0) coordinates).
+    if TMA:
+        base = X
+    else:
+        base = X + b * s_b + h * s_h
+    return base
+
+
+@triton.jit
+def _load_rows(base, b, h, row0, s_s, S, BLOCK: tl.constexpr, D: tl.constexpr, TMA: tl.constexpr,
+               UPCAST: tl.constexpr):
+    # Rows row0 .. row0 + BLOCK - 1 (all D columns) of one (batch, head); rows at or past S read as 0, from the mask
+    # or from TMA's out-of-bounds zero fill.
+    if TMA:
+        x = base.load([b.to(tl.int32), row0, h.to(tl.int32), 0]).reshape(BLOCK, D)
+        if UPCAST:
+            x = x.to(tl.float32)
+    else:
+        offs = row0 + tl.arange(0, BLOCK)
+        x = _load_tile(base + offs[:, None] * s_s + tl.arange(0, D)[None, :], (offs < S)[:, None], UPCAST)
+    return x
+
+
+@triton.jit
 def _round(x, DTYPE: tl.constexpr, UPCAST: tl.constexpr):
     # fp32 p or dS rounded to nearest-even in the input dtype: the bf16 tensor-core fast path (a no-op for fp32).
     # Under UPCAST widened back to fp32 (exactly, the value is a bf16 one) since the interpreter's bf16 dot is broken.
@@ -159,7 +199,7 @@ def _store_tile(ptrs, x, mask):
 @triton.jit
 def _attn_fwd_kernel(Q, K, V, Out, LSE, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, so_b, so_s, so_h,
                      NH, S, qk_scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     TAIL: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+                     TAIL: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64: batch offsets of [B, S, NH, D] can pass 2**31 elements
     b = bh // NH
@@ -168,15 +208,15 @@ def _attn_fwd_kernel(Q, K, V, Out, LSE, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b
     offs_d = tl.arange(0, D)
     in_m = offs_m < S
     q = _load_tile(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_s + offs_d[None, :], in_m[:, None], UPCAST)
-    k_base = K + b * sk_b + h * sk_h
-    v_base = V + b * sv_b + h * sv_h
+    k_base = _head_base(K, b, h, sk_b, sk_h, TMA)
+    v_base = _head_base(V, b, h, sv_b, sv_h, TMA)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the base-2 scores
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m_i)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     for start_n in range(0, S, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         in_n = offs_n < S
-        k = _load_tile(k_base + offs_n[:, None] * sk_s + offs_d[None, :], in_n[:, None], UPCAST)
+        k = _load_rows(k_base, b, h, start_n, sk_s, S, BLOCK_N, D, TMA, UPCAST)
         # Scores in base 2 (scale * log2(e) folded in) so exp2 is a single MUFU op; tail keys get -inf so they get
         # zero weight (TAIL: S % BLOCK_N != 0, else the select is compiled out). Every key block holds at least one
         # real key, so m_new stays finite and alpha never is NaN.
@@ -187,8 +227,8 @@ def _attn_fwd_kernel(Q, K, V, Out, LSE, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_tile(v_base + offs_n[:, None] * sv_s + offs_d[None, :], in_n[:, None], UPCAST)
-        acc = tl.dot(_round(p, Q.dtype.element_ty, UPCAST), v, acc * alpha[:, None], input_precision=PREC)
+        v = _load_rows(v_base, b, h, start_n, sv_s, S, BLOCK_N, D, TMA, UPCAST)
+        acc = tl.dot(_round(p, Out.dtype.element_ty, UPCAST), v, acc * alpha[:, None], input_precision=PREC)
         m_i = m_new
     acc = acc / l_i[:, None]  # l_i >= 1: the row max contributes exp2(0)
     _store_tile(Out + b * so_b + h * so_h + offs_m[:, None] * so_s + offs_d[None, :], acc, in_m[:, None])
@@ -216,7 +256,7 @@ def _attn_bwd_delta_kernel(Out, DO, DELTA, so_b, so_s, so_h, sdo_b, sdo_s, sdo_h
 def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
                           sdo_b, sdo_s, sdo_h, sg_b, sg_s, sg_h, NH, S, qk_scale, sm_scale, D: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, UPCAST: tl.constexpr,
-                          PREC: tl.constexpr, DP_FIRST: tl.constexpr):
+                          PREC: tl.constexpr, DP_FIRST: tl.constexpr, TMA: tl.constexpr):
     # One program owns BLOCK_N keys of one (batch, head) and sweeps all queries: dV = P^T dO, dK = scale dS^T Q.
     pid_n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -227,15 +267,15 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sq_b, sq_s, sq_h, sk_
     in_n = offs_n < S
     k = _load_tile(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_s + offs_d[None, :], in_n[:, None], UPCAST)
     v = _load_tile(V + b * sv_b + h * sv_h + offs_n[:, None] * sv_s + offs_d[None, :], in_n[:, None], UPCAST)
-    q_base = Q + b * sq_b + h * sq_h
-    do_base = DO + b * sdo_b + h * sdo_h
+    q_base = _head_base(Q, b, h, sq_b, sq_h, TMA)
+    do_base = _head_base(DO, b, h, sdo_b, sdo_h, TMA)
     dk = tl.zeros([BLOCK_N, D], tl.float32)
     dv = tl.zeros([BLOCK_N, D], tl.float32)
     for start_m in range(0, S, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         in_m = offs_m < S
-        q = _load_tile(q_base + offs_m[:, None] * sq_s + offs_d[None, :], in_m[:, None], UPCAST)
-        do = _load_tile(do_base + offs_m[:, None] * sdo_s + offs_d[None, :], in_m[:, None], UPCAST)
+        q = _load_rows(q_base, b, h, start_m, sq_s, S, BLOCK_M, D, TMA, UPCAST)
+        do = _load_rows(do_base, b, h, start_m, sdo_s, S, BLOCK_M, D, TMA, UPCAST)
         lse = tl.load(LSE + bh * S + offs_m, mask=in_m, other=0.0)
         delta = tl.load(DELTA + bh * S + offs_m, mask=in_m, other=0.0)
         # P^T recomputed from the saved base-2 logsumexp; tail queries zeroed (TAIL: S % BLOCK_M != 0). Tail keys
@@ -246,11 +286,11 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sq_b, sq_s, sq_h, sk_
         pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
         if TAIL:
             pT = tl.where(in_m[None, :], pT, 0.0)
-        dv = tl.dot(_round(pT, Q.dtype.element_ty, UPCAST), do, dv, input_precision=PREC)
+        dv = tl.dot(_round(pT, DV.dtype.element_ty, UPCAST), do, dv, input_precision=PREC)
         if not DP_FIRST:
             dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
         dsT = pT * (dpT - delta[None, :])
-        dk = tl.dot(_round(dsT, Q.dtype.element_ty, UPCAST), q, dk, input_precision=PREC)
+        dk = tl.dot(_round(dsT, DK.dtype.element_ty, UPCAST), q, dk, input_precision=PREC)
     dk = dk * sm_scale
     g_off = b * sg_b + h * sg_h + offs_n[:, None] * sg_s + offs_d[None, :]  # dk and dv share one layout
     _store_tile(DK + g_off, dk, in_n[:, None])
@@ -261,7 +301,7 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sq_b, sq_s, sq_h, sk_
 def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
                         sdo_b, sdo_s, sdo_h, sg_b, sg_s, sg_h, NH, S, qk_scale, sm_scale, D: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, UPCAST: tl.constexpr,
-                        PREC: tl.constexpr, DP_FIRST: tl.constexpr):
+                        PREC: tl.constexpr, DP_FIRST: tl.constexpr, TMA: tl.constexpr):
     # One program owns BLOCK_M queries of one (batch, head) and sweeps all keys: dQ = scale dS K.
     pid_m = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -274,14 +314,14 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sq_b, sq_s, sq_h, sk_b, sk_
     do = _load_tile(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_s + offs_d[None, :], in_m[:, None], UPCAST)
     lse = tl.load(LSE + bh * S + offs_m, mask=in_m, other=0.0)
     delta = tl.load(DELTA + bh * S + offs_m, mask=in_m, other=0.0)
-    k_base = K + b * sk_b + h * sk_h
-    v_base = V + b * sv_b + h * sv_h
+    k_base = _head_base(K, b, h, sk_b, sk_h, TMA)
+    v_base = _head_base(V, b, h, sv_b, sv_h, TMA)
     dq = tl.zeros([BLOCK_M, D], tl.float32)
     for start_n in range(0, S, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         in_n = offs_n < S
-        k = _load_tile(k_base + offs_n[:, None] * sk_s + offs_d[None, :], in_n[:, None], UPCAST)
-        v = _load_tile(v_base + offs_n[:, None] * sv_s + offs_d[None, :], in_n[:, None], UPCAST)
+        k = _load_rows(k_base, b, h, start_n, sk_s, S, BLOCK_N, D, TMA, UPCAST)
+        v = _load_rows(v_base, b, h, start_n, sv_s, S, BLOCK_N, D, TMA, UPCAST)
         # Tail keys must get exactly zero probability here (TAIL: S % BLOCK_N != 0): they would feed real query rows.
         qk = tl.dot(q, tl.trans(k), input_precision=PREC)
         if DP_FIRST:
@@ -292,7 +332,7 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sq_b, sq_s, sq_h, sk_b, sk_
         if not DP_FIRST:
             dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         ds = p * (dp - delta[:, None])
-        dq = tl.dot(_round(ds, Q.dtype.element_ty, UPCAST), k, dq, input_precision=PREC)
+        dq = tl.dot(_round(ds, DQ.dtype.element_ty, UPCAST), k, dq, input_precision=PREC)
     dq = dq * sm_scale
     _store_tile(DQ + b * sg_b + h * sg_h + offs_m[:, None] * sg_s + offs_d[None, :], dq, in_m[:, None])
 
@@ -342,16 +382,31 @@ def _s3(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
+def _tma_ready(flag: int, *tensors: torch.Tensor) -> bool:
+    # The TMA unit needs 16-byte aligned base addresses and strides (the last dim is contiguous, checked earlier).
+    return bool(flag) and all(
+        t.data_ptr() % 16 == 0 and all(st * t.element_size() % 16 == 0 for st in t.stride()[:-1]) for t in tensors)
+
+
+def _operand(t: torch.Tensor, rows: int, tma: bool) -> object:
+    # A streamed operand: the tensor itself, or a [B, S, NH, D] descriptor whose loads are `rows` sequence positions
+    # of one head. Resident tiles (loaded once per program) stay pointer loads: a descriptor-loaded tile is reshaped
+    # in registers there, which costs the dK/dV kernel ~20 registers and spills it (sm_90 compile).
+    return TensorDescriptor.from_tensor(t, [1, rows, 1, t.shape[-1]]) if tma else t
+
+
 def attention_fwd(q_BSND: torch.Tensor, k_BSND: torch.Tensor, v_BSND: torch.Tensor,
                   cfg: AttnConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward launch: returns o_BSND (input dtype, contiguous) and lse_BNS (float32, base-2 logsumexp)."""
     B, S, NH, D = q_BSND.shape
     o_BSND = new_empty((B, S, NH, D), q_BSND.dtype, q_BSND.device)
     lse_BNS = new_empty((B, NH, S), torch.float32, q_BSND.device)
+    tma = _tma_ready(cfg.fwd_tma, k_BSND, v_BSND)
     _attn_fwd_kernel[(triton.cdiv(S, cfg.fwd_m), B * NH)](
-        q_BSND, k_BSND, v_BSND, o_BSND, lse_BNS, *_s3(q_BSND), *_s3(k_BSND), *_s3(v_BSND), *_s3(o_BSND),
-        NH, S, _LOG2E / math.sqrt(D), D=D, BLOCK_M=cfg.fwd_m, BLOCK_N=cfg.fwd_n, TAIL=S % cfg.fwd_n != 0,
-        **_launch_flags(q_BSND.dtype), num_warps=cfg.fwd_warps, num_stages=cfg.fwd_stages)
+        q_BSND, _operand(k_BSND, cfg.fwd_n, tma), _operand(v_BSND, cfg.fwd_n, tma), o_BSND, lse_BNS,
+        *_s3(q_BSND), *_s3(k_BSND), *_s3(v_BSND), *_s3(o_BSND), NH, S, _LOG2E / math.sqrt(D), D=D,
+        BLOCK_M=cfg.fwd_m, BLOCK_N=cfg.fwd_n, TAIL=S % cfg.fwd_n != 0, **_launch_flags(q_BSND.dtype), TMA=tma,
+        num_warps=cfg.fwd_warps, num_stages=cfg.fwd_stages)
     return o_BSND, lse_BNS
 
 
@@ -368,16 +423,19 @@ def attention_bwd(do_BSND: torch.Tensor, q_BSND: torch.Tensor, k_BSND: torch.Ten
         o_BSND, do_BSND, delta_BNS, *_s3(o_BSND), *_s3(do_BSND), NH, S, D=D, BLOCK_M=_DELTA_M)
     dq_BSND, dk_BSND, dv_BSND = (new_empty((B, S, NH, D), q_BSND.dtype, q_BSND.device) for _ in range(3))
     sm_scale = 1.0 / math.sqrt(D)
-    args = (q_BSND, k_BSND, v_BSND, do_BSND, lse_BNS, delta_BNS)
     strides = (*_s3(q_BSND), *_s3(k_BSND), *_s3(v_BSND), *_s3(do_BSND), *_s3(dq_BSND))  # dq, dk, dv: one layout
     flags = _launch_flags(q_BSND.dtype)
-    _attn_bwd_dkdv_kernel[(triton.cdiv(S, cfg.dkdv_n), B * NH)](
-        *args, dk_BSND, dv_BSND, *strides, NH, S, sm_scale * _LOG2E, sm_scale, D=D, BLOCK_M=cfg.dkdv_m,
-        BLOCK_N=cfg.dkdv_n, TAIL=S % cfg.dkdv_m != 0, DP_FIRST=bool(cfg.dkdv_dp_first), **flags,
+    tma = _tma_ready(cfg.dkdv_tma, q_BSND, do_BSND)
+    _attn_bwd_dkdv_kernel[(triton.cdiv(S, cfg.dkdv_n), B * NH)](  # queries streamed, keys resident
+        _operand(q_BSND, cfg.dkdv_m, tma), k_BSND, v_BSND, _operand(do_BSND, cfg.dkdv_m, tma), lse_BNS, delta_BNS,
+        dk_BSND, dv_BSND, *strides, NH, S, sm_scale * _LOG2E, sm_scale, D=D, BLOCK_M=cfg.dkdv_m,
+        BLOCK_N=cfg.dkdv_n, TAIL=S % cfg.dkdv_m != 0, DP_FIRST=bool(cfg.dkdv_dp_first), TMA=tma, **flags,
         num_warps=cfg.dkdv_warps, num_stages=cfg.dkdv_stages)
-    _attn_bwd_dq_kernel[(triton.cdiv(S, cfg.dq_m), B * NH)](
-        *args, dq_BSND, *strides, NH, S, sm_scale * _LOG2E, sm_scale, D=D, BLOCK_M=cfg.dq_m,
-        BLOCK_N=cfg.dq_n, TAIL=S % cfg.dq_n != 0, DP_FIRST=bool(cfg.dq_dp_first), **flags, num_warps=cfg.dq_warps,
+    tma = _tma_ready(cfg.dq_tma, k_BSND, v_BSND)
+    _attn_bwd_dq_kernel[(triton.cdiv(S, cfg.dq_m), B * NH)](  # queries resident, keys streamed
+        q_BSND, _operand(k_BSND, cfg.dq_n, tma), _operand(v_BSND, cfg.dq_n, tma), do_BSND, lse_BNS, delta_BNS,
+        dq_BSND, *strides, NH, S, sm_scale * _LOG2E, sm_scale, D=D, BLOCK_M=cfg.dq_m, BLOCK_N=cfg.dq_n,
+        TAIL=S % cfg.dq_n != 0, DP_FIRST=bool(cfg.dq_dp_first), TMA=tma, **flags, num_warps=cfg.dq_warps,
         num_stages=cfg.dq_stages)
     return dq_BSND, dk_BSND, dv_BSND
 

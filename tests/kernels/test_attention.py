@@ -179,6 +179,29 @@ def test_dot_order_flags_do_not_change_results() -> None:
     assert all(_bytes_equal(runs[0], r) for r in runs[1:])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_tma_loads_give_the_same_bytes(dtype: torch.dtype) -> None:
+    # tma=1 reads the same tiles through tensor descriptors (tail rows zero-filled by the copy engine instead of a
+    # mask): every output and gradient must be byte-identical to the pointer loads, tails and strided views included.
+    q, k, v, do = _inputs((2, 100, 2, 32), dtype, seed=3)
+    tma = dataclasses.replace(SMALL_TILES, fwd_tma=1, dkdv_tma=1, dq_tma=1)
+    assert A._tma_ready(1, q, k, v, do)
+    assert _bytes_equal(_candidate(q, k, v, do, tma), _candidate(q, k, v, do, SMALL_TILES))
+    qkv = torch.stack([q, k, v], dim=2)  # [B, S, 3, NH, D] views, 16-byte strides: still descriptor loads
+    assert A._tma_ready(1, qkv[:, :, 0], qkv[:, :, 2])
+    assert _bytes_equal(_candidate(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], do, tma),
+                        _candidate(q, k, v, do, SMALL_TILES))
+
+
+def test_tma_needs_16_byte_alignment() -> None:
+    # A view starting one element in is not 16-byte aligned: the launch takes the pointer loads, same bytes.
+    q, k, v, do = _inputs((1, 17, 1, 32), torch.float32, seed=9)
+    tma = dataclasses.replace(SMALL_TILES, fwd_tma=1, dkdv_tma=1, dq_tma=1)
+    shifted = [torch.cat([x.new_zeros(1), x.flatten()])[1:].view(x.shape) for x in (q, k, v)]
+    assert not A._tma_ready(1, *shifted) and not A._tma_ready(0, q, k, v)
+    assert _bytes_equal(_candidate(*shifted, do, tma), _candidate(q, k, v, do, SMALL_TILES))
+
+
 def test_batch_items_are_independent() -> None:
     q, k, v, do = _inputs((2, 17, 2, 32), torch.bfloat16, seed=4)
     both = _candidate(q, k, v, do)
@@ -215,7 +238,7 @@ def test_config_override_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (cfg.fwd_m, cfg.fwd_n, cfg.dq_n, cfg.dq_m) == (16, 32, 16, A.CONFIGS[(32, torch.float32)].dq_m)
     q, k, v, do = _inputs((1, 40, 1, 32), torch.float32, seed=8)
     assert _bytes_equal(_candidate(q, k, v, do), _candidate(q, k, v, do, cfg))
-    for bad in ("fwd_m=48", "fwd_m=", "block=64", "fwd_warps=0", "dq_dp_first=2"):
+    for bad in ("fwd_m=48", "fwd_m=", "block=64", "fwd_warps=0", "dq_dp_first=2", "dq_tma=2"):
         with pytest.raises(KernelInputError, match="attention: "):
             A.resolve_config(32, torch.float32, bad)
 
@@ -283,6 +306,11 @@ def test_kernels_compile_for_sm90_without_spills(tmp_path: Path) -> None:
     assert not {k: v for k, v in report.items() if v["stack"] or v["smem"] > 227 * 1024}, report
 
 
+# The (128, bf16) table entry sessions 2 to 13 ran (session 2's backward sweep winner, pointer loads): the baseline
+# the forward and TMA sweep files start from.
+SESSION2_TABLE = A.AttnConfig(128, 64, 8, 3, 32, 128, 8, 4, 128, 64, 8, 4, 1, 1)
+
+
 def _bench_module() -> object:
     import importlib.util
 
@@ -298,19 +326,33 @@ def test_sweep_file_lines_are_valid_configs() -> None:
     assert 10 <= len(lines) <= 20 and len(set(lines)) == len(lines)
     configs = [A.resolve_config(128, torch.bfloat16, line) for line in lines]
     assert len(set(configs)) == len(configs)
-    # the pre-sweep table comes first (the baseline of every sweep); the table's current entry is one of the lines
-    assert A.resolve_config(128, torch.bfloat16, lines[0]) == A.AttnConfig(128, 64, 8, 3, 32, 64, 8, 3, 64, 64, 4, 3,
-                                                                             0, 0)
-    assert A.CONFIGS[(128, torch.bfloat16)] in configs
+    # the pre-sweep table comes first (the baseline of every sweep); session 2's winner is one of the lines
+    assert configs[0] == A.AttnConfig(128, 64, 8, 3, 32, 64, 8, 3, 64, 64, 4, 3, 0, 0)
+    assert SESSION2_TABLE in configs
 
 
 def test_forward_sweep_file_varies_only_the_forward() -> None:
-    # bench/attention_sweep_fwd.txt: distinct forward tiles over the table's backward, the table entry first.
+    # bench/attention_sweep_fwd.txt: distinct forward tiles over session 2's backward, that table entry first.
     lines = _bench_module()._sweep_specs(str(ROOT / "bench" / "attention_sweep_fwd.txt"))
     configs = [A.resolve_config(128, torch.bfloat16, line) for line in lines]
     assert len(lines) >= 5 and len(set(configs)) == len(configs)
-    assert configs[0] == A.CONFIGS[(128, torch.bfloat16)]
-    assert all(key.startswith("fwd_") for line in lines for key in (item.split("=")[0] for item in line.split(",")))
+    assert configs[0] == SESSION2_TABLE
+    assert all(dataclasses.replace(c, **{f: getattr(SESSION2_TABLE, f) for f in _fields("fwd_")}) == SESSION2_TABLE
+               for c in configs)
+
+
+def test_tma_sweep_file_starts_at_the_old_table_and_ends_at_the_new() -> None:
+    # bench/attention_sweep_tma.txt: the pointer-load table first (the baseline), the table it produced last.
+    lines = _bench_module()._sweep_specs(str(ROOT / "bench" / "attention_sweep_tma.txt"))
+    configs = [A.resolve_config(128, torch.bfloat16, line) for line in lines]
+    assert len(lines) >= 5 and len(set(configs)) == len(configs)
+    assert configs[0] == SESSION2_TABLE
+    assert configs[-1] == A.CONFIGS[(128, torch.bfloat16)] != SESSION2_TABLE
+    assert all(c.fwd_tma or c.dkdv_tma or c.dq_tma for c in configs[1:])
+
+
+def _fields(prefix: str) -> list[str]:
+    return [f.name for f in dataclasses.fields(A.AttnConfig) if f.name.startswith(prefix)]
 
 
 @pytest.mark.gpu
@@ -327,3 +369,17 @@ def test_real_shape_on_gpu(S: int, dtype: torch.dtype) -> None:
         a.transpose(1, 2), b.transpose(1, 2), c.transpose(1, 2)).transpose(1, 2), q, k, v, do)
     _assert_close(got, [r.double() for r in ref], dtype, sdpa if dtype == torch.bfloat16 else None)
     assert _bytes_equal(got, _candidate(q, k, v, do)), "two runs differ"
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("S", [4096, 4097], ids=["S4096", "S4097"])
+def test_tma_loads_match_pointer_loads_on_gpu(S: int) -> None:
+    # On the GPU the descriptor loads are real TMA copies (the interpreter emulates them): same bytes at the real
+    # width, with and without a tail tile, in every kernel, at the table tiles and at the TMA sweep's larger ones.
+    q, k, v, do = _inputs((1, S, 56, 128), torch.bfloat16, seed=10)
+    table = A.CONFIGS[(128, torch.bfloat16)]
+    for tiles in ({}, {"fwd_n": 128, "fwd_stages": 2, "dkdv_m": 64, "dkdv_n": 64}):
+        pointer = dataclasses.replace(table, fwd_tma=0, dkdv_tma=0, dq_tma=0, **tiles)
+        tma = dataclasses.replace(pointer, fwd_tma=1, dkdv_tma=1, dq_tma=1)
+        assert _bytes_equal(_candidate(q, k, v, do, tma), _candidate(q, k, v, do, pointer)), tiles
