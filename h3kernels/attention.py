@@ -6,7 +6,9 @@ Contract
 
 Shapes and layout
     q_BSND, k_BSND, v_BSND -> o_BSND: the [B, S, NH, D] layout diffusers' ``dispatch_attention_fn`` receives and
-    returns. Read through strides, never transposed or copied; only the last dim must be contiguous.
+    returns. Read through strides, never transposed or copied; only the last dim must be contiguous. Where the
+    table asks for it (AttnConfig.*_tma) and the tensors are 16-byte aligned, each loop's streamed tiles come
+    through TMA tensor descriptors over the same strided [B, S, NH, D] views.
     D in {32, 64, 128}; any S >= 1 (tail tiles are masked); B >= 1.
 
 Dtypes and accumulation

@@ -37,7 +37,7 @@ segment_sum(values_SH, idx_S, num_rows) -> out_RH float32
 
 Rejected (KernelInputError): empty, non-contiguous, mixed devices, dtypes other than float32/bfloat16
 (indices int64/int32), shape disagreements, out-of-range indices, a row width that does not divide C.
-No atomics anywhere; every reduction has a fixed order for a given shape.
+No atomics anywhere; every reduction has a fixed order for given inputs (the segment chunks follow the index values).
 """
 
 from __future__ import annotations
