@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,3 +111,18 @@ def test_adaln_tiles_bench_smoke() -> None:
     last = proc.stdout.strip().splitlines()[-2:]
     assert last[0].startswith("torch (bf16") and last[1].startswith("h3kernels 128x128x4")
     assert float(last[1].split()[-1]) < 2e-2  # the candidate computes the same table as torch, up to bf16
+
+
+@pytest.mark.timeout(120)
+def test_attention_inputs_bench_captures_the_block_attention(capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/attention_inputs.py on tiny (in-process: conftest runs the kernels under TRITON_INTERPRET=1): the
+    block-0 attention node's q, k, v and output gradient, as bf16 [1, S, NH, D] tensors, then the smoke report."""
+    from bench import attention_inputs
+
+    q, k, v, do = attention_inputs.capture("tiny", 96, torch.device("cpu"))
+    assert {t.shape for t in (q, k, v, do)} == {torch.Size([1, 96, 4, 32])}
+    assert {t.dtype for t in (q, k, v, do)} == {torch.bfloat16}
+    assert q.requires_grad and not do.requires_grad and all(float(t.detach().abs().max()) > 0 for t in (q, k, v, do))
+    assert not torch.equal(q, k)  # two different projections, not one tensor captured twice
+    assert attention_inputs.main(["--smoke"]) == 0
+    assert capsys.readouterr().out.strip().endswith("timing needs CUDA: captured the four tensors only")
