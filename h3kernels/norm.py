@@ -41,26 +41,32 @@ from h3kernels._common import (
     check_index,
     check_inputs,
     check_shape,
+    is_interpreting,
     new_empty,
     num_warps_for,
     row_tile,
 )
-from h3kernels.modulation import (
-    FINISH_BLOCK_P,
-    SEG_BLOCK_H,
-    SEG_WARPS,
-    add_row,
-    add_tile,
-    chunk_row,
-    load_ix,
-    plan_segments,
-    uniform_row,
-)
+from h3kernels.modulation import FINISH_BLOCK_P
 from h3kernels.qk_norm_rope import qk_norm_rope
 
-# Row-wise kernels hold a whole row (BLOCK_H = next_pow2(H); 8192 for H=5376) and `row_tile` rows per program.
-# Parameter-gradient partial kernels use the segmented-sum plan of modulation.py (SEG_BLOCK_H columns, chunks
-# of rows); their finish kernel sums FINISH_BLOCK_P chunks per step.
+# Every kernel here holds whole rows (BLOCK_H = next_pow2(H): 8192 for H=5376) and steps through its rows one
+# TILE_S-row tile at a time (`row_tile`: 1 row at the real width, up to 16 at narrow widths; NORM_TILE_ROWS
+# overrides it). Packed rows come in runs of one table row thousands of rows long; the per-row fp32 loads of two
+# table rows from L2 were 43 KB per 10.7 KB row of x at H=5376. With NORM_CACHE_TABLE a program keeps the factors
+# of the last table row it met in registers; without, it reloads them per tile with an L1 evict-last hint (the
+# streamed rows load evict-first). Forward: about NORM_FWD_PROGRAMS programs, each a contiguous run of tiles.
+# Backward: one program per row chunk of about S / NORM_BWD_CHUNKS rows (a multiple of TILE_S; it depends on S
+# and these constants only, which fixes the parameter-gradient reduction order for a shape); NORM_BWD_FUSED
+# computes dx and the partials in one pass over dy and x, else in two launches (fewer registers each). Warps:
+# `num_warps_for` the tile unless NORM_FWD_WARPS / NORM_BWD_WARPS are set.
+NORM_TILE_ROWS: int | None = None
+NORM_FWD_WARPS: int | None = None
+NORM_BWD_WARPS: int | None = None
+NORM_CACHE_TABLE = True
+NORM_BWD_FUSED = True
+NORM_FWD_PROGRAMS = 8 if is_interpreting() else 1024
+NORM_BWD_CHUNKS = 4 if is_interpreting() else 256
+# The finish kernel sums FINISH_BLOCK_P chunk partials per step over FINISH_BLOCK_H columns.
 FINISH_BLOCK_H = 256
 
 
@@ -68,110 +74,219 @@ FINISH_BLOCK_H = 256
 
 
 @triton.jit
+def _tile_row(ix, rmask):
+    """The one table row of a tile's rows inside [0, S), or -1 where they differ.
+
+    Rows past S are masked to zeros in every load, so they may count as any table row.
+    """
+    lo = tl.min(tl.where(rmask, ix, 2147483647), axis=0)
+    hi = tl.max(tl.where(rmask, ix, -1), axis=0)
+    return tl.where(lo == hi, lo, -1)
+
+
+@triton.jit
+def _load_ix(idx_ptr, rows, rmask, HAS_MOD: tl.constexpr):
+    """Table rows of `rows` as int32 (all 0 without modulation: the plain norm sums into one row)."""
+    if HAS_MOD:
+        ix = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int32)
+    else:
+        ix = tl.zeros(rows.shape, dtype=tl.int32)
+    return ix
+
+
+@triton.jit
+def _factor(w_ptr, tab_ptr, ix, tab_stride, scale_off, cols, cmask, HAS_MOD: tl.constexpr):
+    """weight * (1 + table[ix, scale]) in fp32 (the weight alone without modulation), the per-column factor of
+    xhat. `ix` is one table row (a [BLOCK_H] result) or a tile's rows (a [TILE_S, BLOCK_H] result, the same bits)."""
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    if HAS_MOD:
+        if len(ix.shape) == 0:
+            scale = tl.load(tab_ptr + ix * tab_stride + scale_off + cols, mask=cmask, other=0.0,
+                            eviction_policy="evict_last")
+        else:
+            base = ix.to(tl.int64)[:, None] * tab_stride + scale_off + cols[None, :]
+            scale = tl.load(tab_ptr + base, mask=cmask[None, :], other=0.0)
+        w = w * (1.0 + scale.to(tl.float32))
+    return w
+
+
+@triton.jit
+def _shift(tab_ptr, ix, tab_stride, shift_off, cols, cmask):
+    """table[ix, shift] in fp32, for one table row or a tile's rows (as `_factor`)."""
+    if len(ix.shape) == 0:
+        shift = tl.load(tab_ptr + ix * tab_stride + shift_off + cols, mask=cmask, other=0.0,
+                        eviction_policy="evict_last")
+    else:
+        shift = tl.load(tab_ptr + ix.to(tl.int64)[:, None] * tab_stride + shift_off + cols[None, :],
+                        mask=cmask[None, :], other=0.0)
+    return shift.to(tl.float32)
+
+
+@triton.jit
 def _rms_fwd_kernel(x_ptr, w_ptr, tab_ptr, idx_ptr, y_ptr, rstd_ptr, S, H, tab_stride, shift_off, scale_off, eps,
-                    HAS_MOD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
-    rmask = rows < S
+                    rows_per_program, HAS_MOD: tl.constexpr, CACHE_TABLE: tl.constexpr, TILE_S: tl.constexpr,
+                    BLOCK_H: tl.constexpr):
     cols = tl.arange(0, BLOCK_H)
     cmask = cols < H
-    m2 = rmask[:, None] & cmask[None, :]
-    # Upcast at load: fp32 statistics (as torch's rms_norm) and no bf16 arithmetic in the interpreter.
-    x = tl.load(x_ptr + rows[:, None] * H + cols[None, :], mask=m2, other=0.0).to(tl.float32)
-    rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / H + eps)
-    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    y = x * rstd[:, None] * w[None, :]
-    if HAS_MOD:
-        ix = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-        base = ix[:, None] * tab_stride + cols[None, :]
-        scale = tl.load(tab_ptr + base + scale_off, mask=m2, other=0.0).to(tl.float32)
-        shift = tl.load(tab_ptr + base + shift_off, mask=m2, other=0.0).to(tl.float32)
-        y = y * (1.0 + scale) + shift
-    # The one rounding of the op (diffusers rounds after the norm, the weight, 1+scale, the product and the sum).
-    tl.store(y_ptr + rows[:, None] * H + cols[None, :], cast_rne(y, y_ptr.dtype.element_ty), mask=m2)
-    tl.store(rstd_ptr + rows, rstd, mask=rmask)
-
-
-@triton.jit
-def _rms_bwd_dx_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_ptr, S, H, tab_stride, scale_off,
-                       HAS_MOD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
-    rmask = rows < S
-    cols = tl.arange(0, BLOCK_H)
-    cmask = cols < H
-    m2 = rmask[:, None] & cmask[None, :]
-    offs = rows[:, None] * H + cols[None, :]
-    dy = tl.load(dy_ptr + offs, mask=m2, other=0.0).to(tl.float32)
-    x = tl.load(x_ptr + offs, mask=m2, other=0.0).to(tl.float32)
-    rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
-    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    g = dy * w[None, :]  # gradient w.r.t. xhat = x * rstd
-    if HAS_MOD:
-        ix = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-        scale = tl.load(tab_ptr + ix[:, None] * tab_stride + cols[None, :] + scale_off, mask=m2, other=0.0)
-        g = g * (1.0 + scale.to(tl.float32))
-    xhat = x * rstd[:, None]
-    c = tl.sum(g * xhat, axis=1) / H
-    dx = rstd[:, None] * (g - xhat * c[:, None])
-    tl.store(dx_ptr + offs, cast_rne(dx, dx_ptr.dtype.element_ty), mask=m2)
-
-
-@triton.jit
-def _rms_bwd_tile(dy_ptr, x_ptr, rstd_ptr, rows, cols, S, H):
-    """(dy, dy * xhat) of rows `rows` in fp32, zeros outside [0, S) x [0, H)."""
-    rmask = rows < S
-    m2 = rmask[:, None] & (cols < H)[None, :]
-    offs = rows[:, None] * H + cols[None, :]
-    dy = tl.load(dy_ptr + offs, mask=m2, other=0.0).to(tl.float32)
-    x = tl.load(x_ptr + offs, mask=m2, other=0.0).to(tl.float32)
-    rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
-    return dy, dy * x * rstd[:, None]
-
-
-@triton.jit
-def _rms_bwd_partials_kernel(dy_ptr, x_ptr, rstd_ptr, idx_ptr, pp_ptr, pq_ptr, S, H, R,
-                             HAS_MOD: tl.constexpr, CHUNK_S: tl.constexpr, TILE_S: tl.constexpr,
-                             BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr):
-    """pp[c, r] = sum over chunk c's rows of table row r of dy * xhat; pq[c, r] the same of dy (HAS_MOD)."""
-    pid_c = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    cmask = cols < H
-    rids = tl.arange(0, BLOCK_R)
-    acc_p = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
-    acc_q = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
-    start = pid_c * CHUNK_S
-    if HAS_MOD:
-        crow = chunk_row(idx_ptr, start, S, CHUNK_S)
-    else:
-        crow = 0  # one "table row" (R = 1): every chunk takes the uniform path
-    if crow >= 0:  # the whole chunk is one table row: elementwise adds, one reduction per sum at the end
-        run_p = tl.zeros([TILE_S, BLOCK_H], dtype=tl.float32)
-        run_q = tl.zeros([TILE_S, BLOCK_H], dtype=tl.float32)
-        for t0 in range(0, CHUNK_S, TILE_S):
-            dy, dyx = _rms_bwd_tile(dy_ptr, x_ptr, rstd_ptr, start + t0 + tl.arange(0, TILE_S), cols, S, H)
-            run_p += dyx
-            if HAS_MOD:
-                run_q += dy
-        acc_p = add_row(acc_p, tl.sum(run_p, axis=0), crow, rids)
+    start = tl.program_id(0) * rows_per_program
+    cached = tl.full([], -1, tl.int32)  # the table row whose factor and shift are in registers
+    factor = _factor(w_ptr, tab_ptr, cached, tab_stride, scale_off, cols, cmask, False)
+    shift = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for t0 in range(start, tl.minimum(start + rows_per_program, S), TILE_S):
+        rows = t0 + tl.arange(0, TILE_S)
+        rmask = rows < S
+        m2 = rmask[:, None] & cmask[None, :]
+        offs = rows[:, None] * H + cols[None, :]
+        # Upcast at load: fp32 statistics (as torch's rms_norm) and no bf16 arithmetic in the interpreter.
+        x = tl.load(x_ptr + offs, mask=m2, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / H + eps)
+        xhat = x * rstd[:, None]
         if HAS_MOD:
-            acc_q = add_row(acc_q, tl.sum(run_q, axis=0), crow, rids)
-    else:
-        for t0 in range(0, CHUNK_S, TILE_S):
-            rows = start + t0 + tl.arange(0, TILE_S)
-            dy, dyx = _rms_bwd_tile(dy_ptr, x_ptr, rstd_ptr, rows, cols, S, H)
-            ix = load_ix(idx_ptr, rows, S)
-            row = uniform_row(ix)
-            acc_p = add_tile(acc_p, dyx, ix, row, rids, R)
-            acc_q = add_tile(acc_q, dy, ix, row, rids, R)
-    offs_p = pid_c * R * H + rids[:, None] * H + cols[None, :]
-    pmask = (rids[:, None] < R) & cmask[None, :]
-    tl.store(pp_ptr + offs_p, acc_p, mask=pmask)
-    if HAS_MOD:
-        tl.store(pq_ptr + offs_p, acc_q, mask=pmask)
+            ix = _load_ix(idx_ptr, rows, rmask, True)
+            row = _tile_row(ix, rmask)
+            if TILE_S == 1:
+                uniform = True  # static: the compiler drops the mixed-tile path, which a 1-row tile never takes
+            else:
+                uniform = row >= 0
+            if uniform:
+                if CACHE_TABLE:
+                    if row != cached:
+                        factor = _factor(w_ptr, tab_ptr, row, tab_stride, scale_off, cols, cmask, True)
+                        shift = _shift(tab_ptr, row, tab_stride, shift_off, cols, cmask)
+                        cached = row
+                    y = xhat * factor[None, :] + shift[None, :]
+                else:
+                    y = (xhat * _factor(w_ptr, tab_ptr, row, tab_stride, scale_off, cols, cmask, True)[None, :]
+                         + _shift(tab_ptr, row, tab_stride, shift_off, cols, cmask)[None, :])
+            else:
+                y = (xhat * _factor(w_ptr, tab_ptr, ix, tab_stride, scale_off, cols, cmask, True)
+                     + _shift(tab_ptr, ix, tab_stride, shift_off, cols, cmask))
+        else:
+            y = xhat * factor[None, :]
+        # The one rounding of the op (diffusers rounds after the norm, the weight, 1+scale, the product and the sum).
+        tl.store(y_ptr + offs, cast_rne(y, y_ptr.dtype.element_ty), mask=m2)
+        tl.store(rstd_ptr + rows, rstd, mask=rmask)
 
 
 @triton.jit
-def _rms_bwd_finish_kernel(pp_ptr, pq_ptr, w_ptr, tab_ptr, dw_ptr, dtab_ptr, NC, R, H, tab_stride, shift_off,
-                           scale_off, HAS_MOD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr):
+def _seen_before(idx_ptr, start, pos, r, HAS_MOD: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
+    """Whether table row r occurs in rows [start, pos) of the chunk, i.e. its partial row is already stored."""
+    if HAS_MOD:
+        lanes = start + tl.arange(0, BLOCK_CHUNK)
+        ix = tl.load(idx_ptr + lanes, mask=lanes < pos, other=-1).to(tl.int32)
+        seen = tl.max((ix == r).to(tl.int32), axis=0) > 0
+    else:
+        seen = pos > start
+    return seen
+
+
+@triton.jit
+def _flush(pp_ptr, pq_ptr, idx_ptr, c, R, H, r, start, seg_start, part_p, part_q, cols, cmask,
+           HAS_MOD: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
+    """pp[c, r] = part_p (pq[c, r] = part_q) on the chunk's first rows of table row r; += on a later run of it."""
+    offs = (c * R + r).to(tl.int64) * H + cols
+    if _seen_before(idx_ptr, start, seg_start, r, HAS_MOD, BLOCK_CHUNK):
+        tl.debug_barrier()  # this program's earlier store of the row is visible to all its threads
+        part_p += tl.load(pp_ptr + offs, mask=cmask, other=0.0)
+        if HAS_MOD:
+            part_q += tl.load(pq_ptr + offs, mask=cmask, other=0.0)
+    tl.store(pp_ptr + offs, part_p, mask=cmask)
+    if HAS_MOD:
+        tl.store(pq_ptr + offs, part_q, mask=cmask)
+
+
+@triton.jit
+def _rms_bwd_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_ptr, pp_ptr, pq_ptr, touched_ptr,
+                    S, H, R, tab_stride, scale_off, chunk_rows,
+                    HAS_MOD: tl.constexpr, NEED_DX: tl.constexpr, NEED_PARAMS: tl.constexpr,
+                    CACHE_TABLE: tl.constexpr, TILE_S: tl.constexpr, BLOCK_H: tl.constexpr,
+                    BLOCK_CHUNK: tl.constexpr):
+    """dx of chunk c's rows, and the chunk's partials pp[c, r] = sum of dy * xhat over its rows of table row r,
+    pq[c, r] the same of dy (HAS_MOD), with touched[c, r] = 1 where the chunk has rows of table row r.
+
+    One pass over dy and x. The partials of the current run of one table row accumulate in registers ([BLOCK_H]
+    fp32, tile sums in row order) and are flushed when the run ends; a tile that mixes table rows (TILE_S > 1
+    only) adds its masked sums per table row, in table-row order. Untouched partials are never written or read.
+    """
+    c = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_H)
+    cmask = cols < H
+    start = c * chunk_rows
+    end = tl.minimum(start + chunk_rows, S)
+    cached = tl.full([], -1, tl.int32)  # the table row whose factor is in registers
+    factor = _factor(w_ptr, tab_ptr, cached, tab_stride, scale_off, cols, cmask, False)
+    seg = tl.full([], -1, tl.int32)  # the table row of the open run (-1: none)
+    seg_start = start
+    acc_p = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc_q = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for t0 in range(start, end, TILE_S):
+        rows = t0 + tl.arange(0, TILE_S)
+        rmask = rows < end
+        m2 = rmask[:, None] & cmask[None, :]
+        offs = rows[:, None] * H + cols[None, :]
+        dy = tl.load(dy_ptr + offs, mask=m2, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        x = tl.load(x_ptr + offs, mask=m2, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+        xhat = x * rstd[:, None]
+        ix = _load_ix(idx_ptr, rows, rmask, HAS_MOD)
+        row = _tile_row(ix, rmask)
+        if TILE_S == 1:
+            uniform = True  # static, as in the forward
+        else:
+            uniform = row >= 0
+        if NEED_DX:
+            if uniform:
+                if CACHE_TABLE:
+                    if row != cached:
+                        factor = _factor(w_ptr, tab_ptr, row, tab_stride, scale_off, cols, cmask, HAS_MOD)
+                        cached = row
+                    g = dy * factor[None, :]  # the gradient w.r.t. xhat
+                else:
+                    g = dy * _factor(w_ptr, tab_ptr, row, tab_stride, scale_off, cols, cmask, HAS_MOD)[None, :]
+            else:
+                g = dy * _factor(w_ptr, tab_ptr, ix, tab_stride, scale_off, cols, cmask, HAS_MOD)
+            dot = tl.sum(g * xhat, axis=1) / H
+            dx = rstd[:, None] * (g - xhat * dot[:, None])
+            tl.store(dx_ptr + offs, cast_rne(dx, dx_ptr.dtype.element_ty), mask=m2)
+        if NEED_PARAMS:
+            dyx = dy * xhat
+            if uniform:
+                if row != seg:
+                    if seg >= 0:
+                        _flush(pp_ptr, pq_ptr, idx_ptr, c, R, H, seg, start, seg_start, acc_p, acc_q, cols, cmask,
+                               HAS_MOD, BLOCK_CHUNK)
+                    acc_p = tl.zeros([BLOCK_H], dtype=tl.float32)
+                    acc_q = tl.zeros([BLOCK_H], dtype=tl.float32)
+                    seg = row
+                    seg_start = t0
+                acc_p += tl.sum(dyx, axis=0)
+                if HAS_MOD:
+                    acc_q += tl.sum(dy, axis=0)
+            else:
+                if seg >= 0:
+                    _flush(pp_ptr, pq_ptr, idx_ptr, c, R, H, seg, start, seg_start, acc_p, acc_q, cols, cmask,
+                           HAS_MOD, BLOCK_CHUNK)
+                seg = tl.full([], -1, tl.int32)
+                for r in range(R):
+                    sel = (ix == r) & rmask
+                    if tl.max(sel.to(tl.int32), axis=0) > 0:
+                        _flush(pp_ptr, pq_ptr, idx_ptr, c, R, H, r, start, t0,
+                               tl.sum(tl.where(sel[:, None], dyx, 0.0), axis=0),
+                               tl.sum(tl.where(sel[:, None], dy, 0.0), axis=0), cols, cmask, HAS_MOD, BLOCK_CHUNK)
+    if NEED_PARAMS:
+        if seg >= 0:
+            _flush(pp_ptr, pq_ptr, idx_ptr, c, R, H, seg, start, seg_start, acc_p, acc_q, cols, cmask,
+                   HAS_MOD, BLOCK_CHUNK)
+        lanes = start + tl.arange(0, BLOCK_CHUNK)
+        cix = tl.where(lanes < end, _load_ix(idx_ptr, lanes, lanes < end, HAS_MOD), -1)
+        for r in range(R):  # every entry written: no zero-filled buffer to launch
+            tl.store(touched_ptr + c * R + r, tl.max((cix == r).to(tl.int8), axis=0))
+
+
+@triton.jit
+def _rms_bwd_finish_kernel(pp_ptr, pq_ptr, touched_ptr, w_ptr, tab_ptr, dw_ptr, dtab_ptr, NC, R, H, tab_stride,
+                           shift_off, scale_off, HAS_MOD: tl.constexpr, BLOCK_P: tl.constexpr,
+                           BLOCK_H: tl.constexpr):
     cols = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
     cmask = cols < H
     w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
@@ -181,8 +296,9 @@ def _rms_bwd_finish_kernel(pp_ptr, pq_ptr, w_ptr, tab_ptr, dw_ptr, dtab_ptr, NC,
         q = tl.zeros([BLOCK_H], dtype=tl.float32)
         for c0 in range(0, NC, BLOCK_P):
             cs = c0 + tl.arange(0, BLOCK_P)
-            offs = cs[:, None] * R * H + r * H + cols[None, :]
-            m2 = (cs[:, None] < NC) & cmask[None, :]
+            hit = tl.load(touched_ptr + cs * R + r, mask=cs < NC, other=0) != 0
+            offs = (cs[:, None] * R + r).to(tl.int64) * H + cols[None, :]
+            m2 = hit[:, None] & cmask[None, :]
             p += tl.sum(tl.load(pp_ptr + offs, mask=m2, other=0.0), axis=0)
             if HAS_MOD:
                 q += tl.sum(tl.load(pq_ptr + offs, mask=m2, other=0.0), axis=0)
@@ -201,10 +317,22 @@ def _rms_bwd_finish_kernel(pp_ptr, pq_ptr, w_ptr, tab_ptr, dw_ptr, dtab_ptr, NC,
 # ----------------------------------------------------------------------------------------------- launchers
 
 
-def _row_plan(S: int, H: int) -> tuple[int, int, int, int]:
+def _row_plan(H: int, warps: int | None) -> tuple[int, int, int]:
+    """(BLOCK_H, TILE_S, num_warps) for rows of width H."""
     block_h = triton.next_power_of_2(H)
-    block_s = row_tile(block_h)
-    return block_h, block_s, triton.cdiv(S, block_s), num_warps_for(block_s * block_h)
+    tile = NORM_TILE_ROWS or row_tile(block_h)
+    return block_h, tile, warps or num_warps_for(tile * block_h)
+
+
+def _runs(S: int, tile: int, programs: int) -> tuple[int, int]:
+    """(rows per program, programs): about `programs` contiguous runs of whole tiles covering S rows."""
+    rows = tile * triton.cdiv(triton.cdiv(S, tile), programs)
+    return rows, triton.cdiv(S, rows)
+
+
+def bwd_plan(S: int, H: int) -> tuple[int, int]:
+    """(chunk rows, chunks) of the backward's parameter-gradient partials: depends on (S, H) only."""
+    return _runs(S, _row_plan(H, None)[1], NORM_BWD_CHUNKS)
 
 
 def _rms_fwd(x, weight, table, idx, shift_off, scale_off, eps):
@@ -212,40 +340,46 @@ def _rms_fwd(x, weight, table, idx, shift_off, scale_off, eps):
     has_mod = table is not None
     y = new_empty((S, H), x.dtype, x.device)
     rstd = new_empty((S,), torch.float32, x.device)
-    block_h, block_s, n_prog, warps = _row_plan(S, H)
-    _rms_fwd_kernel[(n_prog,)](x, weight, table if has_mod else x, idx if has_mod else rstd, y, rstd, S, H,
-                               table.stride(0) if has_mod else 0, shift_off, scale_off, eps,
-                               HAS_MOD=has_mod, BLOCK_S=block_s, BLOCK_H=block_h, num_warps=warps)
+    block_h, tile, warps = _row_plan(H, NORM_FWD_WARPS)
+    rows, programs = _runs(S, tile, NORM_FWD_PROGRAMS)
+    _rms_fwd_kernel[(programs,)](x, weight, table if has_mod else x, idx if has_mod else rstd, y, rstd, S, H,
+                                 table.stride(0) if has_mod else 0, shift_off, scale_off, eps, rows,
+                                 HAS_MOD=has_mod, CACHE_TABLE=NORM_CACHE_TABLE, TILE_S=tile, BLOCK_H=block_h,
+                                 num_warps=warps)
     return y, rstd
 
 
 def _rms_bwd(dy, x, weight, table, idx, rstd, shift_off, scale_off, need_x, need_w, need_t):
     S, H = x.shape
     has_mod = table is not None
-    tab = table if has_mod else x
-    ix = idx if has_mod else rstd
-    stride = table.stride(0) if has_mod else 0
-    dx = d_weight = d_table = None
-    if need_x:
-        dx = new_empty((S, H), x.dtype, x.device)
-        block_h, block_s, n_prog, warps = _row_plan(S, H)
-        _rms_bwd_dx_kernel[(n_prog,)](dy, x, weight, tab, ix, rstd, dx, S, H, stride, scale_off,
-                                      HAS_MOD=has_mod, BLOCK_S=block_s, BLOCK_H=block_h, num_warps=warps)
-    if need_w or need_t:
-        R = table.shape[0] if has_mod else 1
-        chunk, tile, block_r, nc = plan_segments(S, R)
+    need_params = need_w or need_t
+    R = table.shape[0] if has_mod else 1
+    block_h, tile, warps = _row_plan(H, NORM_BWD_WARPS)
+    chunk, nc = bwd_plan(S, H)
+    dx = new_empty((S, H), x.dtype, x.device) if need_x else dy
+    pp = pq = touched = rstd
+    if need_params:
         pp = new_empty((nc, R, H), torch.float32, x.device)
         pq = new_empty((nc, R, H), torch.float32, x.device) if has_mod else pp
-        grid = (nc, triton.cdiv(H, SEG_BLOCK_H))
-        _rms_bwd_partials_kernel[grid](dy, x, rstd, ix, pp, pq, S, H, R, HAS_MOD=has_mod, CHUNK_S=chunk,
-                                       TILE_S=tile, BLOCK_H=SEG_BLOCK_H, BLOCK_R=block_r, num_warps=SEG_WARPS)
+        touched = new_empty((nc, R), torch.int8, x.device)
+    tab, ix, stride = (table, idx, table.stride(0)) if has_mod else (x, rstd, 0)
+    passes = [(need_x, need_params)] if NORM_BWD_FUSED else [(True, False), (False, True)]
+    for pass_dx, pass_params in passes:
+        if pass_dx and need_x or pass_params and need_params:
+            _rms_bwd_kernel[(nc,)](dy, x, weight, tab, ix, rstd, dx, pp, pq, touched, S, H, R, stride, scale_off,
+                                   chunk, HAS_MOD=has_mod, NEED_DX=pass_dx and need_x,
+                                   NEED_PARAMS=pass_params and need_params, CACHE_TABLE=NORM_CACHE_TABLE,
+                                   TILE_S=tile, BLOCK_H=block_h, BLOCK_CHUNK=triton.next_power_of_2(chunk),
+                                   num_warps=warps)
+    d_weight = d_table = None
+    if need_params:
         d_weight = new_empty((H,), weight.dtype, x.device)
         # Chunks other than shift/scale get exact zeros (this op does not read them).
         d_table = torch.zeros_like(table) if has_mod else None
         _rms_bwd_finish_kernel[(triton.cdiv(H, FINISH_BLOCK_H),)](
-            pp, pq, weight, tab, d_weight, d_table if has_mod else d_weight, nc, R, H, stride, shift_off,
+            pp, pq, touched, weight, tab, d_weight, d_table if has_mod else d_weight, nc, R, H, stride, shift_off,
             scale_off, HAS_MOD=has_mod, BLOCK_P=FINISH_BLOCK_P, BLOCK_H=FINISH_BLOCK_H, num_warps=4)
-    return dx, d_weight, d_table
+    return (dx if need_x else None), d_weight, d_table
 
 
 # ----------------------------------------------------------------------------------------------- autograd

@@ -25,7 +25,6 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from h3kernels import modulation as M, norm as N, qk_norm_rope as Q, residual as Rz, swiglu as W
-from h3kernels._common import num_warps_for, row_tile
 
 target = GPUTarget("cuda", 90, 32)
 objdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -47,8 +46,7 @@ def comp(name, fn, ptrs, const, warps):
     m = re.search(r"REG:(\d+).*?STACK:(\d+)", usage)
     out[name] = {"regs": int(m.group(1)), "stack": int(m.group(2))} if m else {"error": "no resource usage"}
 
-bh = 8192  # H=5376
-bs = row_tile(bh)
+bh, tile, warps = N._row_plan(5376, None)  # the real width: 8192 columns, 1-row tiles
 seg = dict(CHUNK_S=256, TILE_S=M.SEG_TILE_S, BLOCK_H=M.SEG_BLOCK_H, BLOCK_R=16)
 for wd in ("bf16", "fp32"):
     comp(f"adaln_fwd {wd}", M._adaln_fwd_kernel, dict(temb_ptr="fp32", w_ptr=wd, b_ptr=wd, out_ptr="fp32"),
@@ -64,17 +62,17 @@ for wd in ("bf16", "fp32"):
         comp(f"finish silu={silu} {wd}", M._finish_kernel, dict(part_ptr="fp32", out_ptr=wd, aux_ptr="fp32"),
              dict(SILU_GRAD=silu, BLOCK_P=M.FINISH_BLOCK_P, BLOCK_N=M.FINISH_BLOCK_N), 4)
     for mod in (True, False):
+        rows = dict(HAS_MOD=mod, TILE_S=tile, BLOCK_H=bh)
         comp(f"rms_fwd mod={mod} {wd}", N._rms_fwd_kernel,
-             dict(x_ptr=wd, w_ptr=wd, tab_ptr="fp32", idx_ptr="i64", y_ptr=wd, rstd_ptr="fp32"),
-             dict(HAS_MOD=mod, BLOCK_S=bs, BLOCK_H=bh), num_warps_for(bs * bh))
-        comp(f"rms_dx mod={mod} {wd}", N._rms_bwd_dx_kernel,
-             dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, tab_ptr="fp32", idx_ptr="i64", rstd_ptr="fp32", dx_ptr=wd),
-             dict(HAS_MOD=mod, BLOCK_S=bs, BLOCK_H=bh), num_warps_for(bs * bh))
-        comp(f"rms_partials mod={mod} {wd}", N._rms_bwd_partials_kernel,
-             dict(dy_ptr=wd, x_ptr=wd, rstd_ptr="fp32", idx_ptr="i64", pp_ptr="fp32", pq_ptr="fp32"),
-             dict(HAS_MOD=mod, **seg), M.SEG_WARPS)
+             dict(x_ptr=wd, w_ptr=wd, tab_ptr="fp32", idx_ptr="i64", y_ptr=wd, rstd_ptr="fp32"), rows, warps)
+        for dx, params in ((True, True), (True, False), (False, True)):
+            comp(f"rms_bwd mod={mod} dx={dx} params={params} {wd}", N._rms_bwd_kernel,
+                 dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, tab_ptr="fp32", idx_ptr="i64", rstd_ptr="fp32", dx_ptr=wd,
+                      pp_ptr="fp32", pq_ptr="fp32", touched_ptr="i8"),
+                 dict(NEED_DX=dx, NEED_PARAMS=params, BLOCK_CHUNK=64, **rows), warps)
         comp(f"rms_finish mod={mod} {wd}", N._rms_bwd_finish_kernel,
-             dict(pp_ptr="fp32", pq_ptr="fp32", w_ptr=wd, tab_ptr="fp32", dw_ptr=wd, dtab_ptr="fp32"),
+             dict(pp_ptr="fp32", pq_ptr="fp32", touched_ptr="i8", w_ptr=wd, tab_ptr="fp32", dw_ptr=wd,
+                  dtab_ptr="fp32"),
              dict(HAS_MOD=mod, BLOCK_P=M.FINISH_BLOCK_P, BLOCK_H=N.FINISH_BLOCK_H), 4)
     for rope in (True, False):
         qk = dict(HAS_ROPE=rope, BLOCK_ROWS=Q.QK_BLOCK_ROWS, BLOCK_D=128)

@@ -133,6 +133,38 @@ def test_qk_norm_rope(S, NH, D, RD, dtype):
             assert_no_worse("qk_norm_rope", dtype, f"grad:{name}", c, r, t)
 
 
+# Packed rows come in runs of one table row. These runs put one row chunk's rows in table rows 0, 1, 0 (a revisit:
+# its partial row is added to, not overwritten), leave table rows untouched by whole chunks (their NaN-poisoned
+# partials must never be read) and, at H=96 (16-row tiles), mix table rows inside tiles.
+RUNS = [(0, 40), (1, 3), (0, 25), (2, 50), (1, 82)]
+# norm.py's launch settings that change the code path: the defaults; factors reloaded per tile and the backward
+# in two launches; one program for all rows (every run inside one chunk).
+NORM_SETTINGS = [
+    pytest.param({}, id="defaults"),
+    pytest.param(dict(NORM_CACHE_TABLE=False, NORM_BWD_FUSED=False), id="uncached-split"),
+    pytest.param(dict(NORM_FWD_PROGRAMS=1, NORM_BWD_CHUNKS=1), id="one-program"),
+]
+
+
+@pytest.mark.parametrize("setting", NORM_SETTINGS)
+@pytest.mark.parametrize("H", [96, 4100], ids=["tiles-of-16", "tiles-of-1"])
+def test_rms_norm_modulate_table_row_runs(H, setting, monkeypatch):
+    for name, value in setting.items():
+        monkeypatch.setattr(norm, name, value)
+    args, dy = modulate_args(sum(n for _, n in RUNS), H, 1, 6, torch.float32, seed=4)
+    args[3] = torch.cat([torch.full((n,), r, dtype=torch.int64) for r, n in RUNS]).to(DEVICE)
+    out, grads = run(norm.rms_norm_modulate, args, (0, 1, 2), dy, poison=True)
+    tout, tgrads = run(ref.rms_norm_modulate, args, (0, 1, 2), dy, cast=torch.float64)
+    assert_close("rms_norm_modulate", torch.float32, "out", out, tout)
+    for name, c, t in zip(("x", "weight", "table"), grads, tgrads, strict=True):
+        assert_close("rms_norm_modulate", torch.float32, f"grad:{name}", c, t)
+    plain, pgrads = run(norm.rms_norm, [args[0], args[1], EPS], (0, 1), dy, poison=True)
+    pout, ptgrads = run(ref.rms_norm, [args[0], args[1], EPS], (0, 1), dy, cast=torch.float64)
+    assert_close("rms_norm", torch.float32, "out", plain, pout)
+    for name, c, t in zip(("x", "weight"), pgrads, ptgrads, strict=True):
+        assert_close("rms_norm", torch.float32, f"grad:{name}", c, t)
+
+
 # ------------------------------------------------------------------------------- determinism, row independence
 
 @pytest.mark.parametrize("S,H,T,K", [NORM_SHAPES[1], NORM_SHAPES[-1]])
