@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # H200 session 15, call 1 (under 600 s): norm.py's row-loop kernels. The norm and binding tests on CUDA (every
 # test, small and real shapes), then bench/norm_sweep.py at S=16384 (its table: bench/results/h200-session15-norm-sweep.log).
+# Run at commit 2f0bc87: the sweep's first version and norm.py's knobs it swept; later norm.py kept what won.
 source bench/device_env.sh || exit 1
 stamp tests | tee -a $OUT/stamps.txt
 timeout 200 python3 -m pytest -q tests/kernels/test_norm.py tests/kernels/test_binding.py -p no:cacheprovider \

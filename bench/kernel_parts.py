@@ -3,9 +3,10 @@
     python bench/kernel_parts.py [--preset block] [--seqlen 16384] [--smoke]
 
 `bench/kernel_suite.py` times each op's whole backward (rms_norm_modulate 5.15 ms, gated_residual 2.48 ms at
-S=16384 on the H200, session 2). This splits them: the row-wise dx kernel, the table-row partial sums plus
-their finish, and the whole backward, on the real packed layout (`bench.block.layout`), L2 flushed before each
-call. It also prints how many row chunks of that layout are one table row (the segmented sums' fast path).
+S=16384 on the H200, session 2). This splits them: norm.py's one backward kernel asked for dx only, for the
+parameter partials (plus their finish) only, and for both; gated_residual's d_table alone and with d_branch; on the
+real packed layout (`bench.block.layout`), L2 flushed before each call. It also prints how many row chunks of that
+layout are one table row (the fast path of gated_residual's segmented sums).
 """
 
 from __future__ import annotations
@@ -72,10 +73,10 @@ def main() -> None:
         return time_ms(fn, device, 1 if args.smoke else 3, iters, flush)
 
     rows = [
-        ("rms_norm_modulate bwd: dx (row-wise)", t(lambda: _rms_bwd(dy, x, weight, table, idx, rstd, 0, H,
-                                                                      True, False, False))),
-        ("rms_norm_modulate bwd: d_weight+d_table", t(lambda: _rms_bwd(dy, x, weight, table, idx, rstd, 0, H,
-                                                                         False, True, True))),
+        ("rms_norm_modulate bwd: dx only", t(lambda: _rms_bwd(dy, x, weight, table, idx, rstd, 0, H,
+                                                                True, False, False))),
+        ("rms_norm_modulate bwd: d_weight+d_table only", t(lambda: _rms_bwd(dy, x, weight, table, idx, rstd, 0, H,
+                                                                              False, True, True))),
         ("rms_norm_modulate bwd: all", t(lambda: _rms_bwd(dy, x, weight, table, idx, rstd, 0, H, True, True, True))),
         ("gated_residual bwd: d_table only", t(lambda: _gated_bwd(dy, branch, table, idx, 2 * H, False, True))),
         ("gated_residual bwd: d_branch+d_table", t(lambda: _gated_bwd(dy, branch, table, idx, 2 * H, True, True))),

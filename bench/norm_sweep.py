@@ -1,15 +1,18 @@
-"""Launch settings of h3kernels/norm.py's row-loop kernels, timed at the real width: which ones its defaults get.
+"""Launch settings of h3kernels/norm.py's backward, timed at the real width: which ones its defaults get.
 
-    python bench/norm_sweep.py [--seqlen 16384] [--json $OUT/norm_sweep.json]   # on the H200: about 2-4 minutes
+    python bench/norm_sweep.py [--seqlen 16384] [--json $OUT/norm_sweep.json]   # on the H200: about 1-2 minutes
     python bench/norm_sweep.py --smoke                                          # CPU, TRITON_INTERPRET=1
 
-Each setting is a set of norm.py's module constants (NORM_FWD_WARPS, NORM_CACHE_TABLE, NORM_FWD_PROGRAMS for the
-forward; NORM_BWD_WARPS, NORM_CACHE_TABLE, NORM_BWD_FUSED, NORM_BWD_CHUNKS for the backward), applied before the
-op runs. rms_norm_modulate and rms_norm are timed as bench/kernel_suite.py times them (its cases, bytes and L2
-flush: bf16, S rows, H 5376, the real packed layout's indices). Every setting computes the same math, so each one's
-largest rel-L2 to the bf16 torch baseline (0.11 for rms_norm_modulate: the baseline's bf16 table gradient) must
+Each setting is a pair of norm.py's module constants (NORM_BWD_WARPS, NORM_BWD_CHUNKS), applied before the op
+runs. rms_norm_modulate's and rms_norm's backward are timed as bench/kernel_suite.py times them (its cases, bytes and
+L2 flush: bf16, S rows, H 5376, the real packed layout's indices). Every setting computes the same math, so each
+one's largest rel-L2 to the bf16 torch baseline (0.11 for rms_norm_modulate: the baseline's bf16 table gradient) must
 stay within 1.5x of the op's smallest; a setting past that, or one that fails, is printed BAD and the exit code is
-1. The table, best first per op and direction, comes last.
+1. The table, best first per op, comes last.
+
+bench/results/h200-session15-norm-sweep.log came from this script's first version (commit 2f0bc87), which also
+swept forward row loops, a table-factor cache and a two-launch backward; norm.py kept what won there, and this
+version sweeps the knobs that remain.
 """
 
 from __future__ import annotations
@@ -38,18 +41,11 @@ OPS = ("rms_norm_modulate", "rms_norm")
 SAME_MATH = 1.5  # largest allowed ratio of a setting's rel-L2 to the op's smallest
 
 
-def settings(smoke: bool) -> dict[str, list[dict[str, Any]]]:
-    """Forward and backward settings to time (one of each under --smoke)."""
+def settings(smoke: bool) -> list[dict[str, Any]]:
+    """Backward settings to time (one under --smoke)."""
     if smoke:
-        return {"fwd": [dict(NORM_FWD_WARPS=4, NORM_CACHE_TABLE=True, NORM_FWD_PROGRAMS=4)],
-                "bwd": [dict(NORM_BWD_WARPS=4, NORM_CACHE_TABLE=False, NORM_BWD_FUSED=False, NORM_BWD_CHUNKS=3)]}
-    fwd = [dict(NORM_FWD_WARPS=w, NORM_CACHE_TABLE=c, NORM_FWD_PROGRAMS=p)
-           for w, c, p in itertools.product((8, 16, 32), (True, False), (528, 1056, 4096, 16384))]
-    bwd = [dict(NORM_BWD_WARPS=w, NORM_CACHE_TABLE=c, NORM_BWD_FUSED=f, NORM_BWD_CHUNKS=n)
-           for w, c, f, n in itertools.product((16, 32), (True, False), (True, False), (132, 264, 528))]
-    bwd += [dict(NORM_BWD_WARPS=8, NORM_CACHE_TABLE=False, NORM_BWD_FUSED=f, NORM_BWD_CHUNKS=264)
-            for f in (True, False)]
-    return {"fwd": fwd, "bwd": bwd}
+        return [dict(NORM_BWD_WARPS=4, NORM_BWD_CHUNKS=3)]
+    return [dict(NORM_BWD_WARPS=w, NORM_BWD_CHUNKS=n) for w, n in itertools.product((8, 16, 32), (100, 132, 200, 264))]
 
 
 def apply(setting: dict[str, Any]) -> dict[str, Any]:
@@ -62,7 +58,7 @@ def apply(setting: dict[str, Any]) -> dict[str, Any]:
     return old
 
 
-def measure(direction: str, setting: dict[str, Any], S: int, device: torch.device, copy_GBps: float,
+def measure(setting: dict[str, Any], S: int, device: torch.device, copy_GBps: float,
             flush: torch.Tensor | None, warmup: int, iters: int) -> list[dict[str, Any]]:
     builders = {b.__name__: b for b in kernel_suite.kernel_cases("tiny" if device.type == "cpu" else "block", S,
                                                                   device)}
@@ -70,14 +66,12 @@ def measure(direction: str, setting: dict[str, Any], S: int, device: torch.devic
     old = apply(setting)
     try:
         for op, builder in zip(OPS, (builders["norm_modulate"], builders["norm"]), strict=True):
-            rec: dict[str, Any] = {"op": op, "dir": direction, "setting": setting}
+            rec: dict[str, Any] = {"op": op, "setting": setting}
             try:
                 case = builder()
                 rec["rel_l2_vs_bf16_torch"] = kernel_suite._check_close(case, device)
-                fwd_ms, bwd_ms = kernel_suite._fwd_bwd(case.cand, case.cand_grads, device, flush, warmup, iters)
-                ms = fwd_ms if direction == "fwd" else bwd_ms
-                nbytes = case.fwd_bytes if direction == "fwd" else case.bwd_bytes
-                rec.update(ms=ms, GBps=nbytes / ms / 1e6, pct_copy=nbytes / ms / 1e6 / copy_GBps)
+                _, ms = kernel_suite._fwd_bwd(case.cand, case.cand_grads, device, flush, warmup, iters)
+                rec.update(ms=ms, GBps=case.bwd_bytes / ms / 1e6, pct_copy=case.bwd_bytes / ms / 1e6 / copy_GBps)
                 del case
             except Exception as err:  # noqa: BLE001 (a setting that fails to compile must not end the sweep)
                 traceback.print_exc()
@@ -111,30 +105,27 @@ def main(argv: list[str] | None = None) -> int:
              if device.type == "cuda" else None)
     records: list[dict[str, Any]] = []
     t0 = time.monotonic()
-    for direction, group in settings(args.smoke).items():
-        for setting in group:
-            if time.monotonic() - t0 > args.budget_s:
-                print(f"skip {direction} {label(setting)}: past the {args.budget_s:.0f} s budget", flush=True)
-                continue
-            for rec in measure(direction, setting, S, device, copy["GBps"], flush, warmup, iters):
-                records.append(rec)
-                print(f"{direction} {rec['op']} {label(setting)}: "
-                      + (rec["error"] if "error" in rec else f"{rec['ms']:.3f} ms {rec['pct_copy']:.0%} of copy, "
-                         f"rel-L2 {rec['rel_l2_vs_bf16_torch']:.1e}"), flush=True)
+    for setting in settings(args.smoke):
+        if time.monotonic() - t0 > args.budget_s:
+            print(f"skip {label(setting)}: past the {args.budget_s:.0f} s budget", flush=True)
+            continue
+        for rec in measure(setting, S, device, copy["GBps"], flush, warmup, iters):
+            records.append(rec)
+            print(f"bwd {rec['op']} {label(setting)}: "
+                  + (rec["error"] if "error" in rec else f"{rec['ms']:.3f} ms {rec['pct_copy']:.0%} of copy, "
+                     f"rel-L2 {rec['rel_l2_vs_bf16_torch']:.1e}"), flush=True)
     if args.json:
         args.json.write_text(json.dumps({"S": S, "copy": copy, "records": records}, indent=1))
     least = {op: min((r["rel_l2_vs_bf16_torch"] for r in records if r["op"] == op and "error" not in r),
                      default=0.0) for op in OPS}
     bad = [r for r in records if "error" in r or r["rel_l2_vs_bf16_torch"] > SAME_MATH * least[r["op"]] + 1e-6]
-    print(f"\nS={S}, copy {copy['GBps']:.0f} GB/s; best first per op and direction")
-    print(f"{'op':<18} {'dir':<4} {'ms':>7} {'% copy':>7}  setting")
-    for op, direction in itertools.product(OPS, ("fwd", "bwd")):
-        rows = sorted((r for r in records if r["op"] == op and r["dir"] == direction and "error" not in r),
-                      key=lambda r: r["ms"])
-        for r in rows:
-            print(f"{op:<18} {direction:<4} {r['ms']:>7.3f} {r['pct_copy']:>7.0%}  {label(r['setting'])}")
+    print(f"\nS={S}, copy {copy['GBps']:.0f} GB/s; backward, best first per op")
+    print(f"{'op':<18} {'ms':>7} {'% copy':>7}  setting")
+    for op in OPS:
+        for r in sorted((r for r in records if r["op"] == op and "error" not in r), key=lambda r: r["ms"]):
+            print(f"{op:<18} {r['ms']:>7.3f} {r['pct_copy']:>7.0%}  {label(r['setting'])}")
     for r in bad:
-        print(f"BAD {r['op']} {r['dir']} {label(r['setting'])}: {r.get('error') or r['rel_l2_vs_bf16_torch']}")
+        print(f"BAD {r['op']} {label(r['setting'])}: {r.get('error') or r['rel_l2_vs_bf16_torch']}")
     return 1 if bad else 0
 
 

@@ -21,7 +21,7 @@ segment_sum(values_SH, idx_S, num_rows) -> out_RH float32
     fixed order (pass 1: per-chunk partials [NC, R, H] over fixed row chunks; pass 2: partials summed chunk by
     chunk), so two runs are byte-identical. values float32 or bfloat16 (upcast at load); idx int64/int32 in
     [0, num_rows). Backward: d_values = d_out[idx] (a gather, exact), in values' dtype.
-    Pass 1 order within a chunk (the same helpers serve norm.py's and residual.py's parameter-gradient sums):
+    Pass 1 order within a chunk (the same helpers serve residual.py's table-gradient sums):
     - a chunk whose rows all have one table row r (`chunk_row`; a chunk running past S never counts) adds its
       TILE_S-row tiles elementwise into one fp32 running tile, in tile order, then sums that tile's rows once
       into row r;

@@ -13,14 +13,15 @@ rms_norm_modulate(x_SH, weight_H, table_RKH, idx_S, shift_chunk, scale_chunk, ep
 All: x float32 or bfloat16, weight float32 or bfloat16 (any mix), output in x's dtype; statistics, products and
 sums in fp32 with one rounding per output element. The per-row rstd (fp32) is saved for backward.
 
-Backward (fused, fp32 math): dx in x's dtype (row-wise kernel); d_weight in weight's dtype and d_table in the
-table's dtype (only the shift and scale chunks non-zero) from fp32 per-chunk partials of dy*xhat and dy per
-table row, summed in a fixed chunk order: no atomics, byte-identical reruns. d_weight of the modulated norm is
-sum_r (1 + scale[r]) * P[r] with P[r] = sum over rows of table row r of dy * xhat (the same sum, grouped).
-Within a chunk the partials follow modulation.py's segmented-sum order: a chunk of one table row (always, for
-the plain rms_norm) accumulates its tiles elementwise into two running tiles (dy*xhat, dy) and reduces them
-once; other chunks go tile by tile, one sum per uniform tile, R masked sums per mixed tile (see segment_sum
-there for why: packed rows come in long runs of one table row).
+Backward (fp32 math), one kernel pass over dy and x plus a small finish kernel: dx in x's dtype; d_weight in
+weight's dtype and d_table in the table's dtype (only the shift and scale chunks non-zero) from fp32 per-chunk
+partials of dy*xhat and dy per table row, summed in a fixed chunk order: no atomics, byte-identical reruns.
+d_weight of the modulated norm is sum_r (1 + scale[r]) * P[r] with P[r] = sum over rows of table row r of
+dy * xhat (the same sum, grouped). Within a chunk (fixed rows, a function of S), a run of rows of one table row
+adds its tile sums in row order into a register row, which is stored to (or, when the chunk met that table row
+before, added to) the chunk's partial row when the run ends; a tile that mixes table rows (narrow widths only)
+adds its masked sums, table row by table row. Partial rows a chunk never touched are neither written nor read
+(a per-chunk flag says which), so no buffer is zero-filled.
 
 Rejected (KernelInputError): empty, non-contiguous, mixed devices, dtypes other than float32/bfloat16, shapes
 that disagree, a table width that is not a multiple of H, chunk numbers out of range or equal, out-of-range
@@ -49,23 +50,20 @@ from h3kernels._common import (
 from h3kernels.modulation import FINISH_BLOCK_P
 from h3kernels.qk_norm_rope import qk_norm_rope
 
-# Every kernel here holds whole rows (BLOCK_H = next_pow2(H): 8192 for H=5376) and steps through its rows one
-# TILE_S-row tile at a time (`row_tile`: 1 row at the real width, up to 16 at narrow widths; NORM_TILE_ROWS
-# overrides it). Packed rows come in runs of one table row thousands of rows long; the per-row fp32 loads of two
-# table rows from L2 were 43 KB per 10.7 KB row of x at H=5376. With NORM_CACHE_TABLE a program keeps the factors
-# of the last table row it met in registers; without, it reloads them per tile with an L1 evict-last hint (the
-# streamed rows load evict-first). Forward: about NORM_FWD_PROGRAMS programs, each a contiguous run of tiles.
-# Backward: one program per row chunk of about S / NORM_BWD_CHUNKS rows (a multiple of TILE_S; it depends on S
-# and these constants only, which fixes the parameter-gradient reduction order for a shape); NORM_BWD_FUSED
-# computes dx and the partials in one pass over dy and x, else in two launches (fewer registers each). Warps:
-# `num_warps_for` the tile unless NORM_FWD_WARPS / NORM_BWD_WARPS are set.
-NORM_TILE_ROWS: int | None = None
-NORM_FWD_WARPS: int | None = None
-NORM_BWD_WARPS: int | None = None
-NORM_CACHE_TABLE = True
-NORM_BWD_FUSED = True
-NORM_FWD_PROGRAMS = 8 if is_interpreting() else 1024
-NORM_BWD_CHUNKS = 4 if is_interpreting() else 256
+# Every kernel holds whole rows (BLOCK_H = next_pow2(H): 8192 for H=5376) in tiles of `row_tile` rows (1 at the
+# real width, up to 16 at narrow widths). The forward runs one tile per program and reads its table rows per row.
+# The backward runs one program per row chunk of about S / NORM_BWD_CHUNKS rows (a multiple of the tile; it depends
+# on S and this constant only, which fixes the parameter-gradient reduction order for a shape), looping over its
+# tiles at NORM_BWD_WARPS warps; it keeps the scale factor of the last table row it met in registers (packed rows
+# come in runs of one table row thousands of rows long). bench/norm_sweep.py chose these on the H200 (session 15,
+# bench/results/h200-session15-norm-sweep.log, S=16384): 132 chunks (one per SM) at 16 warps, 0.278 ms for
+# rms_norm_modulate's backward against 0.349 at 264 chunks, 0.315 reloading the factor per row, and 0.437 with dx and
+# the partials in two launches. Its looped forward (factors in registers, or reloaded through L1) was no faster than
+# this one (0.143 vs 0.140 ms) and slower for the plain norm (0.117 vs 0.094 ms). At 16 warps the backward spills
+# (128 registers, a few hundred bytes of stack: tests/kernels/test_compile.py pins the amount); it is still the
+# fastest setting timed.
+NORM_BWD_WARPS = 16
+NORM_BWD_CHUNKS = 4 if is_interpreting() else 132
 # The finish kernel sums FINISH_BLOCK_P chunk partials per step over FINISH_BLOCK_H columns.
 FINISH_BLOCK_H = 256
 
@@ -111,61 +109,28 @@ def _factor(w_ptr, tab_ptr, ix, tab_stride, scale_off, cols, cmask, HAS_MOD: tl.
 
 
 @triton.jit
-def _shift(tab_ptr, ix, tab_stride, shift_off, cols, cmask):
-    """table[ix, shift] in fp32, for one table row or a tile's rows (as `_factor`)."""
-    if len(ix.shape) == 0:
-        shift = tl.load(tab_ptr + ix * tab_stride + shift_off + cols, mask=cmask, other=0.0,
-                        eviction_policy="evict_last")
-    else:
-        shift = tl.load(tab_ptr + ix.to(tl.int64)[:, None] * tab_stride + shift_off + cols[None, :],
-                        mask=cmask[None, :], other=0.0)
-    return shift.to(tl.float32)
-
-
-@triton.jit
 def _rms_fwd_kernel(x_ptr, w_ptr, tab_ptr, idx_ptr, y_ptr, rstd_ptr, S, H, tab_stride, shift_off, scale_off, eps,
-                    rows_per_program, HAS_MOD: tl.constexpr, CACHE_TABLE: tl.constexpr, TILE_S: tl.constexpr,
-                    BLOCK_H: tl.constexpr):
+                    HAS_MOD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    rmask = rows < S
     cols = tl.arange(0, BLOCK_H)
     cmask = cols < H
-    start = tl.program_id(0) * rows_per_program
-    cached = tl.full([], -1, tl.int32)  # the table row whose factor and shift are in registers
-    factor = _factor(w_ptr, tab_ptr, cached, tab_stride, scale_off, cols, cmask, False)
-    shift = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for t0 in range(start, tl.minimum(start + rows_per_program, S), TILE_S):
-        rows = t0 + tl.arange(0, TILE_S)
-        rmask = rows < S
-        m2 = rmask[:, None] & cmask[None, :]
-        offs = rows[:, None] * H + cols[None, :]
-        # Upcast at load: fp32 statistics (as torch's rms_norm) and no bf16 arithmetic in the interpreter.
-        x = tl.load(x_ptr + offs, mask=m2, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / H + eps)
-        xhat = x * rstd[:, None]
-        if HAS_MOD:
-            ix = _load_ix(idx_ptr, rows, rmask, True)
-            row = _tile_row(ix, rmask)
-            if TILE_S == 1:
-                uniform = True  # static: the compiler drops the mixed-tile path, which a 1-row tile never takes
-            else:
-                uniform = row >= 0
-            if uniform:
-                if CACHE_TABLE:
-                    if row != cached:
-                        factor = _factor(w_ptr, tab_ptr, row, tab_stride, scale_off, cols, cmask, True)
-                        shift = _shift(tab_ptr, row, tab_stride, shift_off, cols, cmask)
-                        cached = row
-                    y = xhat * factor[None, :] + shift[None, :]
-                else:
-                    y = (xhat * _factor(w_ptr, tab_ptr, row, tab_stride, scale_off, cols, cmask, True)[None, :]
-                         + _shift(tab_ptr, row, tab_stride, shift_off, cols, cmask)[None, :])
-            else:
-                y = (xhat * _factor(w_ptr, tab_ptr, ix, tab_stride, scale_off, cols, cmask, True)
-                     + _shift(tab_ptr, ix, tab_stride, shift_off, cols, cmask))
-        else:
-            y = xhat * factor[None, :]
-        # The one rounding of the op (diffusers rounds after the norm, the weight, 1+scale, the product and the sum).
-        tl.store(y_ptr + offs, cast_rne(y, y_ptr.dtype.element_ty), mask=m2)
-        tl.store(rstd_ptr + rows, rstd, mask=rmask)
+    m2 = rmask[:, None] & cmask[None, :]
+    # Upcast at load: fp32 statistics (as torch's rms_norm) and no bf16 arithmetic in the interpreter.
+    x = tl.load(x_ptr + rows[:, None] * H + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+    rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / H + eps)
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    y = x * rstd[:, None] * w[None, :]
+    if HAS_MOD:
+        ix = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        base = ix[:, None] * tab_stride + cols[None, :]
+        scale = tl.load(tab_ptr + base + scale_off, mask=m2, other=0.0).to(tl.float32)
+        shift = tl.load(tab_ptr + base + shift_off, mask=m2, other=0.0).to(tl.float32)
+        y = y * (1.0 + scale) + shift
+    # The one rounding of the op (diffusers rounds after the norm, the weight, 1+scale, the product and the sum).
+    tl.store(y_ptr + rows[:, None] * H + cols[None, :], cast_rne(y, y_ptr.dtype.element_ty), mask=m2)
+    tl.store(rstd_ptr + rows, rstd, mask=rmask)
+
 
 
 @triton.jit
@@ -199,8 +164,7 @@ def _flush(pp_ptr, pq_ptr, idx_ptr, c, R, H, r, start, seg_start, part_p, part_q
 def _rms_bwd_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_ptr, pp_ptr, pq_ptr, touched_ptr,
                     S, H, R, tab_stride, scale_off, chunk_rows,
                     HAS_MOD: tl.constexpr, NEED_DX: tl.constexpr, NEED_PARAMS: tl.constexpr,
-                    CACHE_TABLE: tl.constexpr, TILE_S: tl.constexpr, BLOCK_H: tl.constexpr,
-                    BLOCK_CHUNK: tl.constexpr):
+                    TILE_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
     """dx of chunk c's rows, and the chunk's partials pp[c, r] = sum of dy * xhat over its rows of table row r,
     pq[c, r] the same of dy (HAS_MOD), with touched[c, r] = 1 where the chunk has rows of table row r.
 
@@ -231,18 +195,15 @@ def _rms_bwd_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_ptr, pp
         ix = _load_ix(idx_ptr, rows, rmask, HAS_MOD)
         row = _tile_row(ix, rmask)
         if TILE_S == 1:
-            uniform = True  # static, as in the forward
+            uniform = True  # static: the compiler drops the mixed-tile path, which a 1-row tile never takes
         else:
             uniform = row >= 0
         if NEED_DX:
             if uniform:
-                if CACHE_TABLE:
-                    if row != cached:
-                        factor = _factor(w_ptr, tab_ptr, row, tab_stride, scale_off, cols, cmask, HAS_MOD)
-                        cached = row
-                    g = dy * factor[None, :]  # the gradient w.r.t. xhat
-                else:
-                    g = dy * _factor(w_ptr, tab_ptr, row, tab_stride, scale_off, cols, cmask, HAS_MOD)[None, :]
+                if row != cached:
+                    factor = _factor(w_ptr, tab_ptr, row, tab_stride, scale_off, cols, cmask, HAS_MOD)
+                    cached = row
+                g = dy * factor[None, :]  # the gradient w.r.t. xhat
             else:
                 g = dy * _factor(w_ptr, tab_ptr, ix, tab_stride, scale_off, cols, cmask, HAS_MOD)
             dot = tl.sum(g * xhat, axis=1) / H
@@ -317,22 +278,22 @@ def _rms_bwd_finish_kernel(pp_ptr, pq_ptr, touched_ptr, w_ptr, tab_ptr, dw_ptr, 
 # ----------------------------------------------------------------------------------------------- launchers
 
 
-def _row_plan(H: int, warps: int | None) -> tuple[int, int, int]:
-    """(BLOCK_H, TILE_S, num_warps) for rows of width H."""
+def _row_plan(H: int) -> tuple[int, int]:
+    """(BLOCK_H, TILE_S) for rows of width H."""
     block_h = triton.next_power_of_2(H)
-    tile = NORM_TILE_ROWS or row_tile(block_h)
-    return block_h, tile, warps or num_warps_for(tile * block_h)
+    return block_h, row_tile(block_h)
 
 
-def _runs(S: int, tile: int, programs: int) -> tuple[int, int]:
-    """(rows per program, programs): about `programs` contiguous runs of whole tiles covering S rows."""
-    rows = tile * triton.cdiv(triton.cdiv(S, tile), programs)
-    return rows, triton.cdiv(S, rows)
+def _bwd_warps(tile: int, block_h: int) -> int:
+    """Twice the forward's warps (the backward holds about twice the fp32 values per row), at most NORM_BWD_WARPS."""
+    return min(NORM_BWD_WARPS, 2 * num_warps_for(tile * block_h))
 
 
 def bwd_plan(S: int, H: int) -> tuple[int, int]:
-    """(chunk rows, chunks) of the backward's parameter-gradient partials: depends on (S, H) only."""
-    return _runs(S, _row_plan(H, None)[1], NORM_BWD_CHUNKS)
+    """(chunk rows, chunks) of the backward: depends on (S, H) and NORM_BWD_CHUNKS only."""
+    tile = _row_plan(H)[1]
+    rows = tile * triton.cdiv(triton.cdiv(S, tile), NORM_BWD_CHUNKS)
+    return rows, triton.cdiv(S, rows)
 
 
 def _rms_fwd(x, weight, table, idx, shift_off, scale_off, eps):
@@ -340,12 +301,11 @@ def _rms_fwd(x, weight, table, idx, shift_off, scale_off, eps):
     has_mod = table is not None
     y = new_empty((S, H), x.dtype, x.device)
     rstd = new_empty((S,), torch.float32, x.device)
-    block_h, tile, warps = _row_plan(H, NORM_FWD_WARPS)
-    rows, programs = _runs(S, tile, NORM_FWD_PROGRAMS)
-    _rms_fwd_kernel[(programs,)](x, weight, table if has_mod else x, idx if has_mod else rstd, y, rstd, S, H,
-                                 table.stride(0) if has_mod else 0, shift_off, scale_off, eps, rows,
-                                 HAS_MOD=has_mod, CACHE_TABLE=NORM_CACHE_TABLE, TILE_S=tile, BLOCK_H=block_h,
-                                 num_warps=warps)
+    block_h, tile = _row_plan(H)
+    _rms_fwd_kernel[(triton.cdiv(S, tile),)](x, weight, table if has_mod else x, idx if has_mod else rstd, y, rstd,
+                                             S, H, table.stride(0) if has_mod else 0, shift_off, scale_off, eps,
+                                             HAS_MOD=has_mod, BLOCK_S=tile, BLOCK_H=block_h,
+                                             num_warps=num_warps_for(tile * block_h))
     return y, rstd
 
 
@@ -354,7 +314,7 @@ def _rms_bwd(dy, x, weight, table, idx, rstd, shift_off, scale_off, need_x, need
     has_mod = table is not None
     need_params = need_w or need_t
     R = table.shape[0] if has_mod else 1
-    block_h, tile, warps = _row_plan(H, NORM_BWD_WARPS)
+    block_h, tile = _row_plan(H)
     chunk, nc = bwd_plan(S, H)
     dx = new_empty((S, H), x.dtype, x.device) if need_x else dy
     pp = pq = touched = rstd
@@ -363,14 +323,9 @@ def _rms_bwd(dy, x, weight, table, idx, rstd, shift_off, scale_off, need_x, need
         pq = new_empty((nc, R, H), torch.float32, x.device) if has_mod else pp
         touched = new_empty((nc, R), torch.int8, x.device)
     tab, ix, stride = (table, idx, table.stride(0)) if has_mod else (x, rstd, 0)
-    passes = [(need_x, need_params)] if NORM_BWD_FUSED else [(True, False), (False, True)]
-    for pass_dx, pass_params in passes:
-        if pass_dx and need_x or pass_params and need_params:
-            _rms_bwd_kernel[(nc,)](dy, x, weight, tab, ix, rstd, dx, pp, pq, touched, S, H, R, stride, scale_off,
-                                   chunk, HAS_MOD=has_mod, NEED_DX=pass_dx and need_x,
-                                   NEED_PARAMS=pass_params and need_params, CACHE_TABLE=NORM_CACHE_TABLE,
-                                   TILE_S=tile, BLOCK_H=block_h, BLOCK_CHUNK=triton.next_power_of_2(chunk),
-                                   num_warps=warps)
+    _rms_bwd_kernel[(nc,)](dy, x, weight, tab, ix, rstd, dx, pp, pq, touched, S, H, R, stride, scale_off, chunk,
+                           HAS_MOD=has_mod, NEED_DX=need_x, NEED_PARAMS=need_params, TILE_S=tile, BLOCK_H=block_h,
+                           BLOCK_CHUNK=triton.next_power_of_2(chunk), num_warps=_bwd_warps(tile, block_h))
     d_weight = d_table = None
     if need_params:
         d_weight = new_empty((H,), weight.dtype, x.device)

@@ -1,5 +1,5 @@
 """Every kernel of the norm/modulation/residual/swiglu ops compiles for sm_90 (H200) with its GPU launch constants,
-without register spills, on a machine with no GPU.
+without register spills (but for the measured allowance in SPILL_ALLOWED), on a machine with no GPU.
 
 The interpreter never runs the Triton compiler, so a kernel that interprets fine can still fail to compile. Triton
 compiles to a cubin without a driver (it ships ptxas); cuobjdump reports registers and stack. The compile runs in
@@ -25,6 +25,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from h3kernels import modulation as M, norm as N, qk_norm_rope as Q, residual as Rz, swiglu as W
+from h3kernels._common import num_warps_for
 
 target = GPUTarget("cuda", 90, 32)
 objdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -46,7 +47,8 @@ def comp(name, fn, ptrs, const, warps):
     m = re.search(r"REG:(\d+).*?STACK:(\d+)", usage)
     out[name] = {"regs": int(m.group(1)), "stack": int(m.group(2))} if m else {"error": "no resource usage"}
 
-bh, tile, warps = N._row_plan(5376, None)  # the real width: 8192 columns, 1-row tiles
+bh, tile = N._row_plan(5376)  # the real width: 8192 columns, 1-row tiles
+chunk = triton.next_power_of_2(N.bwd_plan(16384, 5376)[0])
 seg = dict(CHUNK_S=256, TILE_S=M.SEG_TILE_S, BLOCK_H=M.SEG_BLOCK_H, BLOCK_R=16)
 for wd in ("bf16", "fp32"):
     comp(f"adaln_fwd {wd}", M._adaln_fwd_kernel, dict(temb_ptr="fp32", w_ptr=wd, b_ptr=wd, out_ptr="fp32"),
@@ -62,14 +64,15 @@ for wd in ("bf16", "fp32"):
         comp(f"finish silu={silu} {wd}", M._finish_kernel, dict(part_ptr="fp32", out_ptr=wd, aux_ptr="fp32"),
              dict(SILU_GRAD=silu, BLOCK_P=M.FINISH_BLOCK_P, BLOCK_N=M.FINISH_BLOCK_N), 4)
     for mod in (True, False):
-        rows = dict(HAS_MOD=mod, TILE_S=tile, BLOCK_H=bh)
         comp(f"rms_fwd mod={mod} {wd}", N._rms_fwd_kernel,
-             dict(x_ptr=wd, w_ptr=wd, tab_ptr="fp32", idx_ptr="i64", y_ptr=wd, rstd_ptr="fp32"), rows, warps)
+             dict(x_ptr=wd, w_ptr=wd, tab_ptr="fp32", idx_ptr="i64", y_ptr=wd, rstd_ptr="fp32"),
+             dict(HAS_MOD=mod, BLOCK_S=tile, BLOCK_H=bh), num_warps_for(tile * bh))
         for dx, params in ((True, True), (True, False), (False, True)):
             comp(f"rms_bwd mod={mod} dx={dx} params={params} {wd}", N._rms_bwd_kernel,
                  dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, tab_ptr="fp32", idx_ptr="i64", rstd_ptr="fp32", dx_ptr=wd,
                       pp_ptr="fp32", pq_ptr="fp32", touched_ptr="i8"),
-                 dict(NEED_DX=dx, NEED_PARAMS=params, BLOCK_CHUNK=64, **rows), warps)
+                 dict(HAS_MOD=mod, NEED_DX=dx, NEED_PARAMS=params, TILE_S=tile, BLOCK_H=bh, BLOCK_CHUNK=chunk),
+                 N._bwd_warps(tile, bh))
         comp(f"rms_finish mod={mod} {wd}", N._rms_bwd_finish_kernel,
              dict(pp_ptr="fp32", pq_ptr="fp32", touched_ptr="i8", w_ptr=wd, tab_ptr="fp32", dw_ptr=wd,
                   dtab_ptr="fp32"),
@@ -97,6 +100,12 @@ print(json.dumps(out))
 '''
 
 
+# Stack bytes per thread a kernel may use, by kernel name. norm.py's backward at 16 warps holds 128 registers and
+# spills up to 240 bytes (triton 3.9, sm_90); it was still the fastest setting bench/norm_sweep.py timed on the H200
+# (bench/results/h200-session15-norm-sweep.log: 0.278 ms vs 0.315 and up for the settings that spill less).
+SPILL_ALLOWED = {"rms_bwd": 256}
+
+
 def _nvidia_tools() -> bool:
     try:
         import triton
@@ -114,5 +123,5 @@ def test_kernels_compile_for_sm90_without_spills(tmp_path):
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     errors = {k: v["error"] for k, v in report.items() if "error" in v}
     assert not errors, errors
-    spills = {k: v for k, v in report.items() if v["stack"]}
+    spills = {k: v for k, v in report.items() if v["stack"] > SPILL_ALLOWED.get(k.split()[0], 0)}
     assert not spills, f"kernels with stack (register spills) at their GPU launch constants: {spills}"

@@ -137,12 +137,11 @@ def test_qk_norm_rope(S, NH, D, RD, dtype):
 # its partial row is added to, not overwritten), leave table rows untouched by whole chunks (their NaN-poisoned
 # partials must never be read) and, at H=96 (16-row tiles), mix table rows inside tiles.
 RUNS = [(0, 40), (1, 3), (0, 25), (2, 50), (1, 82)]
-# norm.py's launch settings that change the code path: the defaults; factors reloaded per tile and the backward
-# in two launches; one program for all rows (every run inside one chunk).
+# Backward row chunks: the default (4 under the interpreter: runs cross chunk ends) and one chunk for all rows (every
+# run and revisit inside it).
 NORM_SETTINGS = [
-    pytest.param({}, id="defaults"),
-    pytest.param(dict(NORM_CACHE_TABLE=False, NORM_BWD_FUSED=False), id="uncached-split"),
-    pytest.param(dict(NORM_FWD_PROGRAMS=1, NORM_BWD_CHUNKS=1), id="one-program"),
+    pytest.param({}, id="default-chunks"),
+    pytest.param(dict(NORM_BWD_CHUNKS=1), id="one-chunk"),
 ]
 
 
