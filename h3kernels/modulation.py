@@ -280,13 +280,15 @@ def _finish_kernel(part_ptr, out_ptr, aux_ptr, NC, R, N, out_row_stride, out_col
 # ----------------------------------------------------------------------------------------------- launchers
 
 
-def plan_segments(S: int, R: int) -> tuple[int, int, int, int]:
-    """(CHUNK_S, TILE_S, BLOCK_R, NC) of a segmented row sum over S rows into R table rows.
+def plan_segments(S: int, R: int, tile: int | None = None, target_chunks: int | None = None
+                  ) -> tuple[int, int, int, int]:
+    """(CHUNK_S, TILE_S, BLOCK_R, NC) of a segmented row sum over S rows into R table rows, in tiles of `tile`
+    rows (default SEG_TILE_S) and about `target_chunks` chunks (default SEG_TARGET_CHUNKS).
 
-    The plan depends on (S, R) only, so a given shape always reduces in the same order.
+    The plan depends on its arguments only, so a given shape always reduces in the same order.
     """
-    tile = SEG_TILE_S
-    chunk = max(tile, triton.cdiv(triton.cdiv(S, SEG_TARGET_CHUNKS), tile) * tile)
+    tile = tile or SEG_TILE_S
+    chunk = max(tile, triton.cdiv(triton.cdiv(S, target_chunks or SEG_TARGET_CHUNKS), tile) * tile)
     block_r = max(2, triton.next_power_of_2(R))
     return chunk, tile, block_r, triton.cdiv(S, chunk)
 

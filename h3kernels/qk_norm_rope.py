@@ -34,14 +34,16 @@ from h3kernels._common import (
 )
 from h3kernels.modulation import finish_segments
 
-# Rows are (s, head) pairs of D channels. 32 rows x 128 channels = 4096 fp32 per tile at 8 warps: forward 138,
-# backward 162 registers, no spills (sm_90, ptxas checked on the CPU; 4 warps needed ~250). The interpreter
-# takes 64-row tiles to run fewer Python-level programs.
-QK_BLOCK_ROWS = 64 if is_interpreting() else 32
-QK_WARPS = 8
-# Backward programs loop over row tiles and keep their d_weight partial in registers; 1024 programs (about 8
-# per SM) keep 28 tiles each at S=16384 x 56 heads and a 512 KB partials buffer. Fixed, so the reduction
-# order does not depend on the machine.
+# Rows are (s, head) pairs of D channels, in tiles of QK_*_ROWS rows at QK_*_WARPS warps. 32 rows x 128 channels
+# at 8 warps: forward 138, backward 162 registers, no spills (sm_90, ptxas checked on the CPU by
+# tests/kernels/test_compile.py; 4 warps needed ~250). The interpreter takes 64-row tiles to run fewer Python-level
+# programs. The forward runs one tile per program; backward programs loop over row tiles and keep their d_weight
+# partial in registers; 1024 programs (about 8 per SM) keep 28 tiles each at S=16384 x 56 heads and a 512 KB
+# partials buffer. Fixed, so the reduction order does not depend on the machine.
+QK_FWD_ROWS = 64 if is_interpreting() else 32
+QK_FWD_WARPS = 8
+QK_BWD_ROWS = 64 if is_interpreting() else 32
+QK_BWD_WARPS = 8
 QK_BWD_PROGRAMS = 4 if is_interpreting() else 1024
 
 
@@ -132,10 +134,9 @@ def _qk_fwd(x, weight, cos, sin, eps):
     y = new_empty(x.shape, x.dtype, x.device)
     rstd = new_empty((rows,), torch.float32, x.device)
     block_d = triton.next_power_of_2(D)
-    grid = (triton.cdiv(rows, QK_BLOCK_ROWS),)
+    grid = (triton.cdiv(rows, QK_FWD_ROWS),)
     _qk_fwd_kernel[grid](x, weight, cos if has_rope else x, sin if has_rope else x, y, rstd, rows, NH, D, RD, eps,
-                         HAS_ROPE=has_rope, BLOCK_ROWS=QK_BLOCK_ROWS, BLOCK_D=block_d,
-                         num_warps=QK_WARPS)
+                         HAS_ROPE=has_rope, BLOCK_ROWS=QK_FWD_ROWS, BLOCK_D=block_d, num_warps=QK_FWD_WARPS)
     return y, rstd
 
 
@@ -144,15 +145,15 @@ def _qk_bwd(dy, x, weight, cos, sin, rstd):
     rows = S * NH
     has_rope = cos is not None
     RD = cos.shape[1] if has_rope else 0
-    blocks = triton.cdiv(rows, QK_BLOCK_ROWS)
-    rows_per_prog = QK_BLOCK_ROWS * triton.cdiv(blocks, min(blocks, QK_BWD_PROGRAMS))
+    blocks = triton.cdiv(rows, QK_BWD_ROWS)
+    rows_per_prog = QK_BWD_ROWS * triton.cdiv(blocks, min(blocks, QK_BWD_PROGRAMS))
     n_prog = triton.cdiv(rows, rows_per_prog)
     dx = new_empty(x.shape, x.dtype, x.device)
     pw = new_empty((n_prog, 1, D), torch.float32, x.device)
     block_d = triton.next_power_of_2(D)
     _qk_bwd_kernel[(n_prog,)](dy, x, weight, cos if has_rope else x, sin if has_rope else x, rstd, dx, pw, rows, NH,
-                              D, RD, rows_per_prog, HAS_ROPE=has_rope, BLOCK_ROWS=QK_BLOCK_ROWS, BLOCK_D=block_d,
-                              num_warps=QK_WARPS)
+                              D, RD, rows_per_prog, HAS_ROPE=has_rope, BLOCK_ROWS=QK_BWD_ROWS, BLOCK_D=block_d,
+                              num_warps=QK_BWD_WARPS)
     d_weight = new_empty((1, D), weight.dtype, x.device)
     finish_segments(pw, d_weight)
     return dx, d_weight.view(D)

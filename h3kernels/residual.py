@@ -39,8 +39,6 @@ from h3kernels._common import (
     new_empty,
 )
 from h3kernels.modulation import (
-    SEG_BLOCK_H,
-    SEG_WARPS,
     add_row,
     add_tile,
     chunk_row,
@@ -55,6 +53,13 @@ from h3kernels.modulation import (
 ELEM_TILE = 16384 if is_interpreting() else 4096
 ELEM_MAX_BLOCK_H = 1024  # a [4, 1024] tile at H=5376: 6 column blocks per row, coalesced 2 KB row segments
 ADD_BLOCK = 16384 if is_interpreting() else 4096
+# The backward's segmented table-gradient sums (modulation.py's order): GATED_BLOCK_H columns x GATED_TILE_S rows
+# per step at GATED_WARPS warps, about GATED_CHUNKS row chunks (S=16384: 64 chunks of 256 rows x 21 column blocks
+# = 1344 programs at H=5376). Fixed numbers, so the reduction order depends on the shape only.
+GATED_BLOCK_H = 256
+GATED_WARPS = 8
+GATED_TILE_S = 32 if is_interpreting() else 16
+GATED_CHUNKS = 4 if is_interpreting() else 64
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -154,16 +159,21 @@ def _gated_fwd(x, branch, table, idx, gate_off):
     return y
 
 
+def bwd_plan(S: int, R: int) -> tuple[int, int, int, int]:
+    """(CHUNK_S, TILE_S, BLOCK_R, NC) of the backward's table-gradient sums over S rows into R table rows."""
+    return plan_segments(S, R, GATED_TILE_S, GATED_CHUNKS)
+
+
 def _gated_bwd(dy, branch, table, idx, gate_off, need_db, need_t):
     S, H = branch.shape
     R = table.shape[0]
-    chunk, tile, block_r, nc = plan_segments(S, R)
+    chunk, tile, block_r, nc = bwd_plan(S, R)
     db = new_empty((S, H), branch.dtype, branch.device) if need_db else None
     partials = new_empty((nc, R, H), torch.float32, branch.device)
-    grid = (nc, triton.cdiv(H, SEG_BLOCK_H))
+    grid = (nc, triton.cdiv(H, GATED_BLOCK_H))
     _gated_bwd_kernel[grid](dy, branch, table, idx, db if need_db else partials, partials, S, H, R, table.stride(0),
-                            gate_off, NEED_DB=need_db, CHUNK_S=chunk, TILE_S=tile, BLOCK_H=SEG_BLOCK_H,
-                            BLOCK_R=block_r, num_warps=SEG_WARPS)
+                            gate_off, NEED_DB=need_db, CHUNK_S=chunk, TILE_S=tile, BLOCK_H=GATED_BLOCK_H,
+                            BLOCK_R=block_r, num_warps=GATED_WARPS)
     d_table = None
     if need_t:
         # Chunks other than the gate get exact zeros (this op does not read them).

@@ -126,3 +126,32 @@ def test_attention_inputs_bench_captures_the_block_attention(capsys: pytest.Capt
     assert not torch.equal(q, k)  # two different projections, not one tensor captured twice
     assert attention_inputs.main(["--smoke"]) == 0
     assert capsys.readouterr().out.strip().endswith("timing needs CUDA: captured the four tensors only")
+
+
+@pytest.mark.timeout(150)
+def test_knob_sweep_bench_smoke(tmp_path: Path) -> None:
+    """bench/knob_sweep.py on tiny: each group's smoke setting runs its ops both ways, close to torch, tabled."""
+    out = tmp_path / "sweep.json"
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "bench/knob_sweep.py", "--smoke", "--json", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=140)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = json.loads(out.read_text())["records"]
+    got = {(r["op"], r["dir"]) for r in records if "error" not in r}
+    ops = ("rms_norm_modulate", "rms_norm", "qk_norm_rope", "gated_residual")
+    assert got == {(op, d) for op in ops for d in ("fwd", "bwd")}
+    assert all(0 <= r["rel_l2_vs_bf16_torch"] < 2e-2 for r in records)
+    assert "best first per op and direction" in proc.stdout and "BAD" not in proc.stdout
+
+
+def test_knob_sweep_apply_sets_restores_and_rejects_unknown_constants() -> None:
+    from bench.knob_sweep import apply
+    from h3kernels import residual
+
+    before = residual.GATED_WARPS
+    old = apply({"residual.GATED_WARPS": before * 2})
+    assert residual.GATED_WARPS == before * 2 and old == {"residual.GATED_WARPS": before}
+    apply(old)
+    assert residual.GATED_WARPS == before
+    with pytest.raises(AttributeError, match="no constant GATED_WRAPS"):
+        apply({"residual.GATED_WRAPS": 4})

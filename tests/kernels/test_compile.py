@@ -50,6 +50,8 @@ def comp(name, fn, ptrs, const, warps):
 bh, tile = N._row_plan(5376)  # the real width: 8192 columns, 1-row tiles
 chunk = triton.next_power_of_2(N.bwd_plan(16384, 5376)[0])
 seg = dict(CHUNK_S=256, TILE_S=M.SEG_TILE_S, BLOCK_H=M.SEG_BLOCK_H, BLOCK_R=16)
+gated_chunk, gated_tile, _, _ = Rz.bwd_plan(16384, 16)
+gated = dict(CHUNK_S=gated_chunk, TILE_S=gated_tile, BLOCK_H=Rz.GATED_BLOCK_H, BLOCK_R=16)
 for wd in ("bf16", "fp32"):
     comp(f"adaln_fwd {wd}", M._adaln_fwd_kernel, dict(temb_ptr="fp32", w_ptr=wd, b_ptr=wd, out_ptr="fp32"),
          dict(BLOCK_T=4, BLOCK_C=M.GEMV_BLOCK_C, BLOCK_E=M.GEMV_BLOCK_E), M.GEMV_WARPS)
@@ -78,19 +80,19 @@ for wd in ("bf16", "fp32"):
                   dtab_ptr="fp32"),
              dict(HAS_MOD=mod, BLOCK_P=M.FINISH_BLOCK_P, BLOCK_H=N.FINISH_BLOCK_H), 4)
     for rope in (True, False):
-        qk = dict(HAS_ROPE=rope, BLOCK_ROWS=Q.QK_BLOCK_ROWS, BLOCK_D=128)
         comp(f"qk_fwd rope={rope} {wd}", Q._qk_fwd_kernel,
-             dict(x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", y_ptr=wd, rstd_ptr="fp32"), qk, Q.QK_WARPS)
+             dict(x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", y_ptr=wd, rstd_ptr="fp32"),
+             dict(HAS_ROPE=rope, BLOCK_ROWS=Q.QK_FWD_ROWS, BLOCK_D=128), Q.QK_FWD_WARPS)
         comp(f"qk_bwd rope={rope} {wd}", Q._qk_bwd_kernel,
              dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", rstd_ptr="fp32", dx_ptr=wd,
-                  pw_ptr="fp32"), qk, Q.QK_WARPS)
+                  pw_ptr="fp32"), dict(HAS_ROPE=rope, BLOCK_ROWS=Q.QK_BWD_ROWS, BLOCK_D=128), Q.QK_BWD_WARPS)
     bs_e, bh_e, _ = Rz._elem_plan(4096, 5376)
     comp(f"gated_fwd {wd}", Rz._gated_fwd_kernel, dict(x_ptr=wd, b_ptr=wd, tab_ptr="fp32", idx_ptr="i64", y_ptr=wd),
          dict(BLOCK_S=bs_e, BLOCK_H=bh_e), 4)
     for need in (True, False):
         comp(f"gated_bwd db={need} {wd}", Rz._gated_bwd_kernel,
              dict(dy_ptr=wd, b_ptr=wd, tab_ptr="fp32", idx_ptr="i64", db_ptr=wd, part_ptr="fp32"),
-             dict(NEED_DB=need, **seg), M.SEG_WARPS)
+             dict(NEED_DB=need, **gated), Rz.GATED_WARPS)
     comp(f"add {wd}", Rz._add_kernel, dict(x_ptr=wd, b_ptr=wd, y_ptr=wd), dict(BLOCK=Rz.ADD_BLOCK), 4)
     bs_f, bf_f, _ = W._plan(4096, 14336)
     comp(f"swiglu_fwd {wd}", W._swiglu_fwd_kernel, dict(p_ptr=wd, y_ptr=wd), dict(BLOCK_S=bs_f, BLOCK_F=bf_f), 4)

@@ -3,10 +3,11 @@ steer them down each path (see modulation.py: uniform chunk, uniform tile, mixed
 backward sums its table rows in runs of its own (norm.py; tests/kernels/test_norm.py tests the runs); here it meets
 the same layouts against float64 and reruns only.
 
-The layouts are built from `plan_segments`, so they hit the intended paths at the interpreter's plan (S=1100:
-4 chunks of 288 rows, not a power of two, in tiles of 32; the last chunk has 236 rows, its last tile 12) and at
-the GPU's (35 chunks of 32 rows in tiles of 16, the last 12 rows). Which path ran is seen only through results:
-a uniform tile must give the same bits as the masked sums, a uniform chunk sums in another order.
+The layouts are built from each op's plan (`plan_segments`, or `residual.bwd_plan`), so they hit the intended paths
+at the interpreter's plan (S=1100: 4 chunks of 288 rows, not a power of two, in tiles of 32; the last chunk has 236
+rows, its last tile 12) and at the GPU's default (35 chunks of 32 rows in tiles of 16, the last 12 rows). Which
+path ran is seen only through results: a uniform tile must give the same bits as the masked sums, a uniform chunk
+sums in another order.
 """
 
 from __future__ import annotations
@@ -16,19 +17,23 @@ import torch
 
 from h3kernels import modulation, norm, residual
 from h3kernels import reference as ref
-from h3kernels.modulation import plan_segments
 from tests.kernels.harness import DEVICE, assert_close, gen, randint, randn, run, same_bytes
 
 S, H, R = 1100, 72, 9
 EPS = 1e-5
 OPS = ["segment_sum", "rms_norm_modulate", "gated_residual"]
-SEGMENTED_OPS = ["segment_sum", "gated_residual"]  # the ops whose sums follow plan_segments' chunks and tiles
+SEGMENTED_OPS = ["segment_sum", "gated_residual"]  # the ops whose sums follow their plan's chunks and tiles
 LAYOUTS = ["one-row", "chunk-runs", "tile-runs", "long-runs", "random"]
 
 
-def layout(name: str, seed: int = 0) -> torch.Tensor:
-    """Table rows of the S sequence rows (int64)."""
-    chunk, tile, _, _ = plan_segments(S, R)
+def plan(op: str) -> tuple[int, int, int, int]:
+    """(CHUNK_S, TILE_S, BLOCK_R, NC) of `op`'s segmented sums (rms_norm_modulate's layouts use segment_sum's)."""
+    return residual.bwd_plan(S, R) if op == "gated_residual" else modulation.plan_segments(S, R)
+
+
+def layout(name: str, op: str, seed: int = 0) -> torch.Tensor:
+    """Table rows of the S sequence rows (int64), on `op`'s plan."""
+    chunk, tile, _, _ = plan(op)
     s = torch.arange(S)
     if name == "one-row":  # every chunk uniform, the tail chunk too (in its rows < S)
         idx = torch.full((S,), 4)
@@ -81,8 +86,8 @@ def moved(op: str, args: list, s0: int) -> list:
     return new
 
 
-def plan_with_tiles() -> tuple[int, int]:
-    chunk, tile, _, nc = plan_segments(S, R)
+def plan_with_tiles(op: str) -> tuple[int, int]:
+    chunk, tile, _, nc = plan(op)
     if chunk < 2 * tile or nc < 3:
         pytest.skip(f"plan chunk={chunk} tile={tile} nc={nc}: needs chunks of several tiles")
     return chunk, tile
@@ -91,9 +96,9 @@ def plan_with_tiles() -> tuple[int, int]:
 @pytest.mark.parametrize("name", LAYOUTS)
 @pytest.mark.parametrize("op", OPS)
 def test_layouts_against_float64_and_reruns(op, name):
-    chunk, _, _, nc = plan_segments(S, R)
+    chunk, _, _, nc = plan(op)
     assert nc >= 3 and S % chunk, "the shape must give several chunks and a partial tail chunk"
-    fn, ref_fn, args, dy, grad_of = inputs(op, layout(name))
+    fn, ref_fn, args, dy, grad_of = inputs(op, layout(name, op))
     out, grads = run(fn, args, grad_of, dy, poison=True)
     tout, tgrads = run(ref_fn, args, grad_of, dy, cast=torch.float64)
     assert_close(op, torch.float32, "out", out, tout)
@@ -109,7 +114,7 @@ def test_layouts_against_float64_and_reruns(op, name):
 @pytest.mark.parametrize("op", SEGMENTED_OPS)
 def test_uniform_tile_gives_the_masked_sums_bits(op):
     """A uniform tile (one sum) and the same tile made mixed by one zero row (R masked sums): the same bits."""
-    chunk, tile = plan_with_tiles()
+    chunk, tile = plan_with_tiles(op)
     idx = torch.full((S,), 2, device=DEVICE)
     idx[2 * chunk - tile:2 * chunk] = 7  # chunk 1 is mixed, so its tiles go one by one; its first tile is uniform
     s0 = chunk + 1  # in chunk 1's first tile; moving it to another table row makes that tile mixed
@@ -126,7 +131,7 @@ def test_uniform_chunk_is_summed_in_its_own_order(op):
     """A uniform chunk vs the same chunk made mixed by one zero row: equal in exact arithmetic, both close to
     float64, but not the same bits (the running-tile order is not the tile-by-tile order), which shows the uniform
     chunk took its own path."""
-    chunk, _ = plan_with_tiles()
+    chunk, _ = plan_with_tiles(op)
     idx = torch.full((S,), 2, device=DEVICE)
     s0 = chunk + 1  # moving it to another table row makes chunk 1 mixed
     fn, ref_fn, args, dy, grad_of = inputs(op, idx)
