@@ -1,6 +1,7 @@
 """Launch constants of h3kernels' row-wise kernels, timed at the real width: which values their defaults get.
 
     python bench/knob_sweep.py [--ops norm,qk_norm_rope,gated_residual] [--seqlen 16384] [--json $OUT/sweep.json]
+    python bench/knob_sweep.py --ops gated_residual --setting residual.GATED_WARPS=4 --setting residual.GATED_WARPS=8
     python bench/knob_sweep.py --smoke                                         # CPU, TRITON_INTERPRET=1
 
 Each setting assigns module constants ("module.CONST": value, see KNOBS) before the ops of its group run; they are
@@ -9,7 +10,8 @@ real packed layout's indices), forward and backward, against the measured copy b
 the same math, so each one's largest rel-L2 to the bf16 torch baseline (0.11 for rms_norm_modulate and
 gated_residual: the baseline's bf16 table gradient) must stay within 1.5x of the op's smallest; a setting past
 that, or one that fails, is printed BAD and the exit code is 1. The tables, best first per op and direction, come
-last; --budget-s stops starting new settings (the rest print "skip").
+last; --budget-s stops starting new settings (the rest print "skip"). --setting (repeatable, "module.CONST=value,...";
+an empty one is the defaults) times the given settings instead of the groups' grids, e.g. to confirm a winner.
 
 bench/results/h200-session15-norm-sweep.log came from this script's first version, bench/norm_sweep.py at commit
 2f0bc87, which also swept norm.py's forward row loops, a table-factor cache and a two-launch backward; norm.py kept
@@ -87,8 +89,19 @@ def apply(setting: dict[str, Any]) -> dict[str, Any]:
     return old
 
 
+def parse_setting(text: str) -> dict[str, int]:
+    """'residual.GATED_WARPS=4,residual.GATED_CHUNKS=64' -> {"residual.GATED_WARPS": 4, ...} (integer values)."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or key.count(".") != 1 or not value.lstrip("-").isdigit():
+            raise ValueError(f"bad --setting item {item!r}: expected module.CONST=integer")
+        out[key.strip()] = int(value)
+    return out
+
+
 def label(setting: dict[str, Any]) -> str:
-    return " ".join(f"{k.split('.')[1].lower()}={v}" for k, v in setting.items())
+    return " ".join(f"{k.split('.')[1].lower()}={v}" for k, v in setting.items()) or "defaults"
 
 
 def measure(builders: dict[str, Any], names: tuple[str, ...], setting: dict[str, Any], device: torch.device,
@@ -142,7 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny widths, S=96")
     parser.add_argument("--json", type=Path, default=None, help="write every record here")
     parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting new settings after this")
+    parser.add_argument("--setting", action="append", default=None,
+                        help="module.CONST=value,... to time instead of the grids (repeatable; '' = the defaults)")
     args = parser.parse_args(argv)
+    try:
+        chosen = None if args.setting is None else [parse_setting(t) for t in args.setting]
+    except ValueError as err:
+        parser.error(str(err))
     groups = [g for g in args.ops.split(",") if g]
     unknown = sorted(set(groups) - set(KNOBS))
     if unknown:
@@ -161,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     for group in groups:
         names, grid, smoke_setting = KNOBS[group]
-        for setting in [smoke_setting] if args.smoke else grid():
+        for setting in chosen if chosen is not None else [smoke_setting] if args.smoke else grid():
             if time.monotonic() - t0 > args.budget_s:
                 print(f"skip {group} {label(setting)}: past the {args.budget_s:.0f} s budget", flush=True)
                 continue

@@ -42,8 +42,8 @@ from h3kernels.modulation import finish_segments
 # partials buffer. Fixed, so the reduction order does not depend on the machine.
 QK_FWD_ROWS = 64 if is_interpreting() else 32
 QK_FWD_WARPS = 8
-QK_BWD_ROWS = 64 if is_interpreting() else 32
-QK_BWD_WARPS = 8
+QK_BWD_ROWS = 64 if is_interpreting() else 8
+QK_BWD_WARPS = 2
 QK_BWD_PROGRAMS = 4 if is_interpreting() else 1024
 
 

@@ -56,8 +56,8 @@ ADD_BLOCK = 16384 if is_interpreting() else 4096
 # The backward's segmented table-gradient sums (modulation.py's order): GATED_BLOCK_H columns x GATED_TILE_S rows
 # per step at GATED_WARPS warps, about GATED_CHUNKS row chunks (S=16384: 64 chunks of 256 rows x 21 column blocks
 # = 1344 programs at H=5376). Fixed numbers, so the reduction order depends on the shape only.
-GATED_BLOCK_H = 256
-GATED_WARPS = 8
+GATED_BLOCK_H = 512
+GATED_WARPS = 4
 GATED_TILE_S = 32 if is_interpreting() else 16
 GATED_CHUNKS = 4 if is_interpreting() else 64
 

@@ -145,7 +145,7 @@ def test_knob_sweep_bench_smoke(tmp_path: Path) -> None:
 
 
 def test_knob_sweep_apply_sets_restores_and_rejects_unknown_constants() -> None:
-    from bench.knob_sweep import apply
+    from bench.knob_sweep import apply, parse_setting
     from h3kernels import residual
 
     before = residual.GATED_WARPS
@@ -155,3 +155,9 @@ def test_knob_sweep_apply_sets_restores_and_rejects_unknown_constants() -> None:
     assert residual.GATED_WARPS == before
     with pytest.raises(AttributeError, match="no constant GATED_WRAPS"):
         apply({"residual.GATED_WRAPS": 4})
+    assert parse_setting("residual.GATED_WARPS=4,qk_norm_rope.QK_BWD_ROWS=8") == {
+        "residual.GATED_WARPS": 4, "qk_norm_rope.QK_BWD_ROWS": 8}
+    assert parse_setting("") == {}
+    for bad in ("GATED_WARPS=4", "residual.GATED_WARPS", "residual.GATED_WARPS=four"):
+        with pytest.raises(ValueError, match="bad --setting item"):
+            parse_setting(bad)
