@@ -49,6 +49,12 @@ import torch  # noqa: E402
 
 # Timing discipline (the brief and METHOD.md): warm up, then the median of per-iteration CUDA event pairs.
 WARMUP, ITERS = 3, 10
+# GPU-side wait queued before each timed call (torch.cuda._sleep cycles, ~1 ms at the H200's clocks) so that the
+# host's launch work for the call (autograd's engine, Triton's launcher, allocations) runs while the GPU waits
+# outside the timed region. Without it a call whose launches take longer than its kernels timed the host: on the
+# H200 (session 15) gated_residual's backward measured 0.18 ms in one process and 0.30-0.35 ms in others at the same
+# constants.
+LAUNCH_HEADSTART_CYCLES = 2_000_000
 # Relative-L2 target of the adaln_proj weight gradient against FP32, and the time-ratio targets.
 ADALN_GRAD_TARGET = 0.02
 RATIO_TARGET, RATIO_STRETCH = 1.0, 0.85
@@ -80,7 +86,8 @@ def sync(device: torch.device) -> None:
 def time_ms(fn: Callable[[], object], device: torch.device, warmup: int = WARMUP, iters: int = ITERS,
             flush: torch.Tensor | None = None) -> float:
     """Median ms of `fn` over `iters` runs after `warmup`: CUDA event pairs on the GPU (`flush`, if given, is zeroed
-    before each start event, outside the timed region, to evict L2), the host clock on the CPU (smoke only)."""
+    before each start event, outside the timed region, to evict L2; then a LAUNCH_HEADSTART_CYCLES wait, so the
+    events time the GPU's work, not the host's launches), the host clock on the CPU (smoke only)."""
     for _ in range(warmup):
         fn()
     sync(device)
@@ -95,6 +102,7 @@ def time_ms(fn: Callable[[], object], device: torch.device, warmup: int = WARMUP
     for start, end in events:
         if flush is not None:
             flush.zero_()
+        torch.cuda._sleep(LAUNCH_HEADSTART_CYCLES)
         start.record()
         fn()
         end.record()
