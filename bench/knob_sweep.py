@@ -8,8 +8,8 @@ Each setting assigns module constants ("module.CONST": value, see KNOBS) before 
 timed as bench/kernel_suite.py times them (its cases, bytes and L2 flush: bf16, S rows, H 5376, 56 x 128 heads, the
 real packed layout's indices), forward and backward, against the measured copy bandwidth. Every setting computes
 the same math, so each one's largest rel-L2 to the bf16 torch baseline (0.11 for rms_norm_modulate and
-gated_residual: the baseline's bf16 table gradient) must stay within 1.5x of the op's smallest plus 1e-3 (rms_norm's is ~2e-5, and its weight gradient's bf16
-roundings move with the chunk count); a setting past
+gated_residual: the baseline's bf16 table gradient) must stay within 1.5x of the op's smallest plus 1e-3 (rms_norm's
+is ~2e-5, and its weight gradient's bf16 roundings move with the chunk count); a setting past
 that, or one that fails, is printed BAD and the exit code is 1. The tables, best first per op and direction, come
 last; --budget-s stops starting new settings (the rest print "skip"). --setting (repeatable, "module.CONST=value,...";
 an empty one is the defaults) times the given settings instead of the groups' grids, e.g. to confirm a winner.
@@ -140,7 +140,8 @@ def report(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     least = {}
     for r in ok:
         least[r["op"]] = min(least.get(r["op"], r["rel_l2_vs_bf16_torch"]), r["rel_l2_vs_bf16_torch"])
-    bad = [r for r in records if "error" in r or r["rel_l2_vs_bf16_torch"] > SAME_MATH * least[r["op"]] + SAME_MATH_FLOOR]
+    bad = [r for r in records
+           if "error" in r or r["rel_l2_vs_bf16_torch"] > SAME_MATH * least[r["op"]] + SAME_MATH_FLOOR]
     print(f"{'op':<18} {'dir':<4} {'ms':>7} {'% copy':>7}  setting")
     for op, direction in dict.fromkeys((r["op"], r["dir"]) for r in ok):
         for r in sorted((r for r in ok if r["op"] == op and r["dir"] == direction), key=lambda r: r["ms"]):
