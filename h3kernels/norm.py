@@ -55,13 +55,15 @@ from h3kernels.qk_norm_rope import qk_norm_rope
 # The backward runs one program per row chunk of about S / NORM_BWD_CHUNKS rows (a multiple of the tile; it depends
 # on S and this constant only, which fixes the parameter-gradient reduction order for a shape), looping over its
 # tiles at NORM_BWD_WARPS warps; it keeps the scale factor of the last table row it met in registers (packed rows
-# come in runs of one table row thousands of rows long). bench/norm_sweep.py chose these on the H200 (session 15,
-# bench/results/h200-session15-norm-sweep.log, S=16384): 132 chunks (one per SM) at 16 warps, 0.278 ms for
-# rms_norm_modulate's backward against 0.349 at 264 chunks, 0.315 reloading the factor per row, and 0.437 with dx and
-# the partials in two launches. Its looped forward (factors in registers, or reloaded through L1) was no faster than
-# this one (0.143 vs 0.140 ms) and slower for the plain norm (0.117 vs 0.094 ms). At 16 warps the backward spills
-# (128 registers, a few hundred bytes of stack: tests/kernels/test_compile.py pins the amount); it is still the
-# fastest setting timed.
+# come in runs of one table row thousands of rows long). On the H200 at S=16384 (session 15), bench/knob_sweep.py
+# with bench/block.py's launch-hiding timer (bench/results/h200-session15d-sweep.log): 132 chunks (one per SM) ran
+# rms_norm_modulate's backward in 0.279 ms at 16 warps (0.282 at 8, 0.278 at 32), against 0.313 at 100 chunks and
+# 0.348 at 264. Its first version (bench/results/h200-session15-norm-sweep.log, whose timer could still include
+# host launch time, which favours fewer launches) timed the alternatives norm.py dropped: reloading the factor per
+# row 0.315 ms, dx and the partials in two launches 0.437 ms, and looped forwards no faster than this one-tile
+# forward (0.143 vs 0.140 ms; plain norm 0.117 vs 0.094 ms). The backward spills up to 240 bytes at 16 warps and at 8
+# alike (tests/kernels/test_compile.py pins the amount); the one variant that spilled less (the per-row reload) was
+# slower.
 NORM_BWD_WARPS = 16
 NORM_BWD_CHUNKS = 4 if is_interpreting() else 132
 # The finish kernel sums FINISH_BLOCK_P chunk partials per step over FINISH_BLOCK_H columns.

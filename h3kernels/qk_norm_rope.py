@@ -34,12 +34,14 @@ from h3kernels._common import (
 )
 from h3kernels.modulation import finish_segments
 
-# Rows are (s, head) pairs of D channels, in tiles of QK_*_ROWS rows at QK_*_WARPS warps. 32 rows x 128 channels
-# at 8 warps: forward 138, backward 162 registers, no spills (sm_90, ptxas checked on the CPU by
-# tests/kernels/test_compile.py; 4 warps needed ~250). The interpreter takes 64-row tiles to run fewer Python-level
-# programs. The forward runs one tile per program; backward programs loop over row tiles and keep their d_weight
-# partial in registers; 1024 programs (about 8 per SM) keep 28 tiles each at S=16384 x 56 heads and a 512 KB
-# partials buffer. Fixed, so the reduction order does not depend on the machine.
+# Rows are (s, head) pairs of D channels, in tiles of QK_*_ROWS rows at QK_*_WARPS warps. The forward runs one tile
+# per program; backward programs loop over row tiles and keep their d_weight partial in registers; 1024 programs
+# (about 8 per SM) and a 512 KB partials buffer. Fixed, so the reduction order does not depend on the machine.
+# bench/knob_sweep.py on the H200 (session 15, bench/results/h200-session15d-sweep.log, S=16384 x 56 heads): the
+# forward is fastest at 32 rows x 8 warps (0.169 ms, 138 registers); the backward at 8 rows x 2 warps runs 0.348 ms
+# (147 registers, no spills) against 0.526 ms at the forward's tile (1 program per SM at 162 registers x 256 threads,
+# so its serial tile loop hid no latency); 32 rows x 2 warps, 0.339 ms, spills ~900 bytes. The interpreter takes
+# 64-row tiles to run fewer Python-level programs.
 QK_FWD_ROWS = 64 if is_interpreting() else 32
 QK_FWD_WARPS = 8
 QK_BWD_ROWS = 64 if is_interpreting() else 8

@@ -55,8 +55,11 @@ ELEM_MAX_BLOCK_H = 1024  # a [4, 1024] tile at H=5376: 6 column blocks per row, 
 ADD_BLOCK = 16384 if is_interpreting() else 4096
 # The backward's segmented table-gradient sums (modulation.py's order): GATED_BLOCK_H columns x GATED_TILE_S rows
 # per step at GATED_WARPS warps, about GATED_CHUNKS row chunks (S=16384: 64 chunks of 256 rows x 21 column blocks
-# = 1344 programs at H=5376). Fixed numbers, so the reduction order depends on the shape only.
-GATED_BLOCK_H = 512
+# = 1344 programs at H=5376). Fixed numbers, so the reduction order depends on the shape only. bench/knob_sweep.py
+# on the H200 (session 15, bench/results/h200-session15d-sweep.log, S=16384): 16 x 256 at 4 warps, 0.183 ms (68% of
+# copy), the fastest setting without register spills (218 registers); 8 warps (the first default) 0.211 ms; the
+# fastest timed, 32 x 256 at 4 warps, 0.173 ms, spills 304 bytes.
+GATED_BLOCK_H = 256
 GATED_WARPS = 4
 GATED_TILE_S = 32 if is_interpreting() else 16
 GATED_CHUNKS = 4 if is_interpreting() else 64

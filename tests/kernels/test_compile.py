@@ -102,9 +102,10 @@ print(json.dumps(out))
 '''
 
 
-# Stack bytes per thread a kernel may use, by kernel name. norm.py's backward at 16 warps holds 128 registers and
-# spills up to 240 bytes (triton 3.9, sm_90); it was still the fastest setting bench/norm_sweep.py timed on the H200
-# (bench/results/h200-session15-norm-sweep.log: 0.278 ms vs 0.315 and up for the settings that spill less).
+# Stack bytes per thread a kernel may use, by kernel name. norm.py's backward (a whole 8192-wide fp32 row of dy, x
+# and their products per program) spills up to 240 bytes at 16 warps (128 registers) and at 8 (255) alike (triton
+# 3.9, sm_90); the one setting timed that spilled less, reloading the scale factor per row, was slower on the H200
+# (bench/results/h200-session15-norm-sweep.log: 0.315 vs 0.278 ms).
 SPILL_ALLOWED = {"rms_bwd": 256}
 
 
