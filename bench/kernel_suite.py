@@ -22,7 +22,9 @@ Sections (each prints a progress line as it finishes; ONE table with every numbe
    of a retained graph); the same FLOP convention: fwd 4*NH*S^2*D, bwd 2.5x.
 4. block: bench/block.py (diffusers default BF16 provider vs the bound candidate, fwd+bwd ms at S = 4096 and 16384,
    and the adaln_proj weight-gradient relative L2 to the FP32 block; see its docstring).
-Timing: warmup 3, median of 10 (kernels: 20) CUDA event pairs; torch.cuda.synchronize around every timed region.
+Timing: warmup 3, median of 10 (kernels: 20) CUDA event pairs (bench/block.py's time_ms: a ~1 ms GPU wait before
+each start event keeps the host's launch work out of the timed region); torch.cuda.synchronize around every timed
+region.
 A section that fails prints its traceback to stderr, shows FAILED in the table, and the exit code is 1.
 """
 
