@@ -40,8 +40,9 @@ from h3kernels.modulation import finish_segments
 # bench/knob_sweep.py on the H200 (session 15, bench/results/h200-session15d-sweep.log, S=16384 x 56 heads): the
 # forward is fastest at 32 rows x 8 warps (0.169 ms, 138 registers); the backward at 8 rows x 2 warps runs 0.348 ms
 # (147 registers, no spills) against 0.526 ms at the forward's tile (1 program per SM at 162 registers x 256 threads,
-# so its serial tile loop hid no latency); 32 rows x 2 warps, 0.339 ms, spills ~900 bytes. The interpreter takes
-# 64-row tiles to run fewer Python-level programs.
+# so its serial tile loop hid no latency); 32 rows x 2 warps, 0.339 ms, spills ~900 bytes. At 8 x 2, 1024 programs
+# beat 528 / 792 / 1584 (0.344 vs 0.456 / 0.364 / 0.481 ms, bench/results/h200-session15f-qk_programs.log).
+# The interpreter takes 64-row tiles to run fewer Python-level programs.
 QK_FWD_ROWS = 64 if is_interpreting() else 32
 QK_FWD_WARPS = 8
 QK_BWD_ROWS = 64 if is_interpreting() else 8
