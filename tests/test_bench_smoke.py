@@ -16,6 +16,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _run_bench(*args: str, timeout: int) -> subprocess.CompletedProcess[str]:
+    """`python <args>` in the checkout on the CPU interpreter; asserts it exited 0. A subprocess, because
+    TRITON_INTERPRET must be set before triton is first imported, and the GPU is not wanted here."""
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
 def test_no_bench_script_shadows_an_installed_module() -> None:
     """``python bench/X.py`` puts bench/ first on sys.path, so a script named like a package hides it: a
     bench/kernels.py broke every diffusers import once transformers began to pull in the ``kernels`` package."""
@@ -26,11 +35,7 @@ def test_no_bench_script_shadows_an_installed_module() -> None:
 @pytest.mark.timeout(120)
 def test_kernels_bench_smoke(tmp_path: Path) -> None:
     out = tmp_path / "kernels.json"
-    # A subprocess: TRITON_INTERPRET must be set before triton is first imported, and the GPU is not wanted here.
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "bench/kernel_suite.py", "--smoke", "--json", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=110)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _run_bench("bench/kernel_suite.py", "--smoke", "--json", str(out), timeout=110)
     assert "FAILED" not in proc.stdout
     doc = json.loads(out.read_text())
     assert doc["smoke"] and doc["copy"]["verified"]
@@ -54,10 +59,8 @@ def test_kernels_bench_smoke(tmp_path: Path) -> None:
 def test_gate_overhead_bench_smoke(calibrated_tiny) -> None:
     """bench/gate_overhead.py on tiny: bare, hooked and gated passes and a compare sweep, one table with ratios."""
     store = calibrated_tiny[0]
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "bench/gate_overhead.py", store.url, "--preset", "tiny", "--device", "cpu",
-                           "--reps", "1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _run_bench("bench/gate_overhead.py", store.url, "--preset", "tiny", "--device", "cpu", "--reps", "1",
+                      timeout=280)
     rows = dict(line.rsplit(None, 1) for line in proc.stdout.strip().splitlines()[1:])
     bare = float(rows["bare candidate fwd+bwd (median, warm)"])
     gated = float(rows["gate candidate run (capture + compare)"])
@@ -73,10 +76,7 @@ def test_gate_overhead_bench_smoke(calibrated_tiny) -> None:
 
 @pytest.mark.timeout(120)
 def test_kernel_parts_bench_smoke() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "bench/kernel_parts.py", "--smoke"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=110)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _run_bench("bench/kernel_parts.py", "--smoke", timeout=110)
     lines = proc.stdout.strip().splitlines()
     assert "row chunks are one table row" in lines[0]
     parts = dict(line.rsplit(None, 1) for line in lines[2:])
@@ -86,10 +86,7 @@ def test_kernel_parts_bench_smoke() -> None:
 @pytest.mark.timeout(120)
 def test_block_profile_bench_smoke() -> None:
     """bench/block_profile.py on tiny: both runs profiled, categories and kernels tabled, the table last."""
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "bench/block_profile.py", "--smoke", "--top", "5"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=110)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _run_bench("bench/block_profile.py", "--smoke", "--top", "5", timeout=110)
     lines = proc.stdout.strip().splitlines()
     table = lines[lines.index(next(ln for ln in lines if ln.startswith("section"))):]
     total = next(ln for ln in table if "total device time per pass" in ln).split()
@@ -104,10 +101,7 @@ def test_block_profile_bench_smoke() -> None:
 @pytest.mark.timeout(120)
 def test_adaln_tiles_bench_smoke() -> None:
     """bench/adaln_tiles.py on tiny: the torch row and one tile row, checked against torch, the table last."""
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "bench/adaln_tiles.py", "--smoke"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=110)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _run_bench("bench/adaln_tiles.py", "--smoke", timeout=110)
     last = proc.stdout.strip().splitlines()[-2:]
     assert last[0].startswith("torch (bf16") and last[1].startswith("h3kernels 128x128x4")
     assert float(last[1].split()[-1]) < 2e-2  # the candidate computes the same table as torch, up to bf16
@@ -132,10 +126,7 @@ def test_attention_inputs_bench_captures_the_block_attention(capsys: pytest.Capt
 def test_knob_sweep_bench_smoke(tmp_path: Path) -> None:
     """bench/knob_sweep.py on tiny: each group's smoke setting runs its ops both ways, close to torch, tabled."""
     out = tmp_path / "sweep.json"
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "bench/knob_sweep.py", "--smoke", "--json", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=140)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _run_bench("bench/knob_sweep.py", "--smoke", "--json", str(out), timeout=140)
     records = json.loads(out.read_text())["records"]
     got = {(r["op"], r["dir"]) for r in records if "error" not in r}
     ops = ("rms_norm_modulate", "rms_norm", "qk_norm_rope", "gated_residual")
