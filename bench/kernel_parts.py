@@ -30,10 +30,10 @@ FLUSH_BYTES = 256 << 20
 
 
 def uniform_chunks(idx: torch.Tensor, num_rows: int) -> tuple[int, int]:
-    """(chunks of one table row, all chunks) of the segmented-sum plan for this index layout."""
-    from h3kernels.modulation import plan_segments
+    """(chunks of one table row, all chunks) of gated_residual's backward plan for this index layout."""
+    from h3kernels.residual import bwd_plan
 
-    chunk, _, _, nc = plan_segments(idx.numel(), num_rows)
+    chunk, _, _, nc = bwd_plan(idx.numel(), num_rows)
     uniform = sum(1 for c in range(nc) if c * chunk + chunk <= idx.numel()
                   and idx[c * chunk:(c + 1) * chunk].unique().numel() == 1)
     return uniform, nc

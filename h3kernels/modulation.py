@@ -80,8 +80,9 @@ DW_BLOCK_E = 128
 
 # Segmented sums: BLOCK_H columns x TILE_S rows per step; a program owns a CHUNK of rows. 256 columns keep the
 # [BLOCK_R, BLOCK_H] accumulators (R <= 16) and the [TILE_S, BLOCK_H] running tile of a uniform chunk small:
-# at 8 warps the partial kernels here and in norm.py / residual.py compile to 71-128 registers, no spills
-# (sm_90, BLOCK_R 16, checked on the CPU; before the uniform-chunk path 64-128), so two programs fit an SM.
+# at 8 warps segment_sum's partial kernel compiles without spills (sm_90, BLOCK_R 16, checked on the CPU by
+# tests/kernels/test_compile.py), so two programs fit an SM. residual.py's backward uses these helpers with its
+# own tile and chunk constants (GATED_*).
 # Each thread holds one column of a tile, so a tile's row sums are in-thread; only `chunk_row` reduces across
 # threads, once per chunk.
 SEG_BLOCK_H = 256

@@ -134,7 +134,6 @@ def _rms_fwd_kernel(x_ptr, w_ptr, tab_ptr, idx_ptr, y_ptr, rstd_ptr, S, H, tab_s
     tl.store(rstd_ptr + rows, rstd, mask=rmask)
 
 
-
 @triton.jit
 def _seen_before(idx_ptr, start, pos, r, HAS_MOD: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
     """Whether table row r occurs in rows [start, pos) of the chunk, i.e. its partial row is already stored."""
