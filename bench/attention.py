@@ -77,9 +77,10 @@ def _sdpa(backend: object) -> Callable[..., torch.Tensor]:
 
 class _KernelClock:
     """Brackets every launch of h3kernels.attention's dK/dV and dQ kernels with CUDA events while active, so one
-    backward timing also gives each kernel's time (the launchers look the kernels up as module globals)."""
+    backward timing also gives each kernel's time (the launchers look the kernels up as module globals). With
+    dq_fused the dQ column times the fixed-point finish kernel instead (dQ's matmul is inside dK/dV then)."""
 
-    NAMES = ("_attn_bwd_dkdv_kernel", "_attn_bwd_dq_kernel")
+    NAMES = ("_attn_bwd_dkdv_kernel", "_attn_bwd_dq_kernel", "_attn_bwd_dq_finish_kernel")
 
     def __init__(self) -> None:
         from h3kernels import attention as A
@@ -112,8 +113,10 @@ class _KernelClock:
             setattr(self.mod, name, kernel)
 
     def medians(self, last: int) -> tuple[float, float]:
+        """(dK/dV ms, dQ or finish ms): medians over the last `last` launches of each."""
         torch.cuda.synchronize()
-        return tuple(statistics.median(s.elapsed_time(e) for s, e in self.log[n][-last:]) for n in self.NAMES)
+        ms = {n: statistics.median(s.elapsed_time(e) for s, e in log[-last:]) for n, log in self.log.items() if log}
+        return ms[self.NAMES[0]], ms.get(self.NAMES[1], ms.get(self.NAMES[2], float("nan")))
 
 
 def _measure(fn: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
@@ -253,11 +256,14 @@ def _sweep(args: argparse.Namespace, specs: list[str]) -> None:
         run(spec, cfg)
     # The forward, dK/dV and dQ kernels are separate launches on independent tiles, so the fastest settings of each
     # (taken from any rows) compose; time that combination too when no line had it.
+    # A fused-dQ row's dK/dV kernel also does dQ's matmul and its dQ column is the finish kernel, so the combination
+    # is of separate-dQ rows only (fused rows compete whole, in BEST below).
     timed = {s: r for s, r in rows.items() if r.ok}
-    if timed:
+    separate_dq = [s for s in timed if not configs[s].dq_fused]
+    if timed and separate_dq:
         fastest_of = {"fwd_": configs[min(timed, key=lambda s: timed[s].fwd_ms)],
-                "dq_": configs[min(timed, key=lambda s: timed[s].split[1])]}
-        combo = configs[min(timed, key=lambda s: timed[s].split[0])]  # the dK/dV fields
+                "dq_": configs[min(separate_dq, key=lambda s: timed[s].split[1])]}
+        combo = configs[min(separate_dq, key=lambda s: timed[s].split[0])]  # the dK/dV fields (dq_fused=0)
         for prefix, cfg in fastest_of.items():
             combo = dataclasses.replace(combo, **{f: getattr(cfg, f) for f in cfg.__dataclass_fields__
                                                   if f.startswith(prefix)})
@@ -311,8 +317,9 @@ def _compile_one(fn: object, const: dict[str, object], warps: int, stages: int, 
     from triton.compiler import ASTSource
 
     tensors = ("Q", "K", "V", "Out", "DO", "DK", "DV", "DQ")
-    sig = {a: "constexpr" if a in const else "*fp32" if a in ("LSE", "DELTA") else "*" + wd if a in tensors
-           else "fp32" if "scale" in a else "i32" for a in fn.arg_names}
+    sig = {a: "constexpr" if a in const else "*fp32" if a in ("LSE", "DELTA", "VK", "BOUND") else "*i32"
+           if a == "DQACC" else "*" + wd if a in tensors else "fp32" if "scale" in a or a == "fix_one" else "i32"
+           for a in fn.arg_names}
     for a, rows in (desc_rows or {}).items():  # tma=1: these operands are [B, S, NH, D] tensor descriptors
         if a in sig:
             sig[a] = f"tensordesc<{wd}[1,{rows},1,{const['D']}]>"
@@ -348,17 +355,21 @@ def compile_report(cfg: object, D: int, dtype: torch.dtype, tails: tuple[bool, .
     def rows(tma: int, q: int, kv: int) -> dict[str, int] | None:  # *_tma=1: the streamed operands' descriptor rows
         return (dict(K=kv, V=kv) if kv else dict(Q=q, DO=q)) if tma else None
 
-    jobs = [("delta", A._attn_bwd_delta_kernel, dict(D=D, BLOCK_M=A._DELTA_M), 4, 1, True, None)]
+    fused = bool(cfg.dq_fused)
+    jobs = [("delta", A._attn_bwd_delta_kernel, dict(D=D, BLOCK_M=A._DELTA_M, FUSED_DQ=fused), 4, 1, True, None)]
+    if fused:
+        jobs.append(("dq finish", A._attn_bwd_dq_finish_kernel, dict(D=D, BLOCK_M=A._DELTA_M), 4, 1, True, None))
     for tail in tails:
         jobs += [(f"fwd tail={tail}", A._attn_fwd_kernel, dict(flags, TAIL=tail, BLOCK_M=cfg.fwd_m,
                   BLOCK_N=cfg.fwd_n, TMA=bool(cfg.fwd_tma)), cfg.fwd_warps, cfg.fwd_stages, not tail,
                   rows(cfg.fwd_tma, 0, cfg.fwd_n)),
-                 (f"dkdv tail={tail}", A._attn_bwd_dkdv_kernel, dict(flags, TAIL=tail, BLOCK_M=cfg.dkdv_m,
-                  BLOCK_N=cfg.dkdv_n, DP_FIRST=bool(cfg.dkdv_dp_first), TMA=bool(cfg.dkdv_tma)), cfg.dkdv_warps,
-                  cfg.dkdv_stages, not tail, rows(cfg.dkdv_tma, cfg.dkdv_m, 0)),
-                 (f"dq tail={tail}", A._attn_bwd_dq_kernel, dict(flags, TAIL=tail, BLOCK_M=cfg.dq_m, BLOCK_N=cfg.dq_n,
-                  DP_FIRST=bool(cfg.dq_dp_first), TMA=bool(cfg.dq_tma)), cfg.dq_warps, cfg.dq_stages, not tail,
-                  rows(cfg.dq_tma, 0, cfg.dq_n))]
+                 (f"dkdv tail={tail}", A._attn_bwd_dkdv_kernel, dict(flags, TAIL=tail, TAIL_N=tail, BLOCK_M=cfg.dkdv_m,
+                  BLOCK_N=cfg.dkdv_n, DP_FIRST=bool(cfg.dkdv_dp_first), TMA=bool(cfg.dkdv_tma), FUSED_DQ=fused),
+                  cfg.dkdv_warps, cfg.dkdv_stages, not tail, rows(cfg.dkdv_tma, cfg.dkdv_m, 0))]
+        if not fused:  # fused: dQ comes out of the dK/dV kernel and the finish
+            jobs.append((f"dq tail={tail}", A._attn_bwd_dq_kernel, dict(flags, TAIL=tail, BLOCK_M=cfg.dq_m,
+                         BLOCK_N=cfg.dq_n, DP_FIRST=bool(cfg.dq_dp_first), TMA=bool(cfg.dq_tma)), cfg.dq_warps,
+                         cfg.dq_stages, not tail, rows(cfg.dq_tma, 0, cfg.dq_n)))
     with tempfile.TemporaryDirectory() as out_dir:
         return {f"{name} D={D} {wd}": _compile_one(fn, const, warps, stages, wd, s16, out_dir, desc)
                 for name, fn, const, warps, stages, s16, desc in jobs}

@@ -20,7 +20,18 @@ Dtypes and accumulation
 Backward
     delta = rowsum(dO * O) (preprocess kernel), then dK/dV over key blocks and dQ over query blocks in two
     separate kernels (S^T and dP^T are recomputed in both: 7 S x S x D matmuls instead of 5, the price of writing
-    dQ without atomics). Results are deterministic and byte-identical run to run.
+    dQ without float atomics). Results are deterministic and byte-identical run to run.
+
+Fused dQ (AttnConfig.dq_fused, bfloat16 only): 5 matmuls. Each dK/dV program adds its share of every query row's
+    dQ, rounded to a fixed-point integer, into int32 accumulators with atomics; integer sums do not depend on the
+    order the adds land in, so results stay byte-identical. Row i's unit is bound_i / 2**30 with
+    bound_i = 2 |dO_i|_2 max_j |v_j|_2 max_{j,d} |k_jd| (per batch and head), which bounds the sum of the absolute
+    shares: sum_j |dS_ij| <= max_j |dP_ij| + |delta_i| <= 2 |dO_i| max_j |v_j|. No sum can overflow (half the int32
+    range is headroom for the bf16 rounding of dS) and each share is off by at most half a unit, so dq_i's added
+    error is at most 2**-30 * (S / dkdv_n) / 2 of bound_i: at S=16384 about 6e-8 of the bound, far below the one bf16
+    rounding of dq itself unless the bound overstates |dq_i| by 10**4 or more. A finish kernel scales the sums back
+    (times 1/sqrt(D)) and rounds them to bf16. float32 keeps the separate dQ kernel: the fixed point would be
+    coarser than its IEEE accumulation.
 
 Rejected (KernelInputError, a ValueError, message names the op)
     non-tensors, ndim != 4, empty tensors, q/k/v differing in shape, dtype or device, dtypes other than
@@ -50,7 +61,7 @@ from h3kernels._common import KernelInputError, cast_rne, is_interpreting, new_e
 # field without editing this file: H3KERNELS_ATTN_CONFIG="fwd_m=128,fwd_n=128,fwd_warps=8" (applies to every D/dtype),
 # or pass ``config=AttnConfig(...)`` to ``attention``.
 # ---------------------------------------------------------------------------------------------------------------------
-_FLAG_FIELDS = ("dkdv_dp_first", "dq_dp_first", "fwd_tma", "dkdv_tma", "dq_tma")
+_FLAG_FIELDS = ("dkdv_dp_first", "dq_dp_first", "fwd_tma", "dkdv_tma", "dq_tma", "dq_fused")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +91,11 @@ class AttnConfig:
     fwd_tma: int = 0
     dkdv_tma: int = 0
     dq_tma: int = 0
+    # 1 (bfloat16 only): the dK/dV kernel also computes each tile pair's dQ share (dS^T K, the fifth matmul) and adds
+    # it with integer atomics into an int32 fixed-point accumulator, so the separate dQ kernel (and its recomputed S
+    # and dP) is not launched. Integer adds commute, so the sum is byte-identical run to run whatever order the
+    # atomics land in. The dq_* fields are then unused. See "Fused dQ" in the module docstring for the scaling.
+    dq_fused: int = 0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -120,7 +136,8 @@ CONFIGS: dict[tuple[int, torch.dtype], AttnConfig] = {
     (32, torch.float32): AttnConfig(64, 32, 8, 2, 16, 64, 8, 2, 32, 16, 8, 2),
 }
 CONFIG_ENV = "H3KERNELS_ATTN_CONFIG"
-_DELTA_M = 64  # rows per delta-preprocess program: a memory-bound row sum, the tile size barely matters
+_DELTA_M = 64  # rows per delta-preprocess (and fused-dQ finish) program: memory-bound, the tile barely matters
+DQ_FIX_ONE = 2.0**30  # fused dQ: a row's bound in fixed-point units (half the int32 range: headroom)
 _LOG2E = 1.4426950408889634
 
 
@@ -184,6 +201,15 @@ def _load_rows(base, b, h, row0, s_s, S, BLOCK: tl.constexpr, D: tl.constexpr, T
 
 
 @triton.jit
+def _program_rows(NH, S, BLOCK: tl.constexpr, D: tl.constexpr):
+    # Grid (row blocks, B * NH): this program's (batch, head) index bh = b * NH + h, its BLOCK sequence rows, the D
+    # columns and which rows are real (< S). int64 bh: batch offsets of [B, S, NH, D] can pass 2**31 elements.
+    bh = tl.program_id(1).to(tl.int64)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    return bh, bh // NH, bh % NH, offs, tl.arange(0, D), offs < S
+
+
+@triton.jit
 def _round(x, DTYPE: tl.constexpr, UPCAST: tl.constexpr):
     # fp32 p or dS rounded to nearest-even in the input dtype: the bf16 tensor-core fast path (a no-op for fp32).
     # Under UPCAST widened back to fp32 (exactly, the value is a bf16 one) since the interpreter's bf16 dot is broken.
@@ -202,13 +228,7 @@ def _store_tile(ptrs, x, mask):
 def _attn_fwd_kernel(Q, K, V, Out, LSE, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, so_b, so_s, so_h,
                      NH, S, qk_scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      TAIL: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)  # int64: batch offsets of [B, S, NH, D] can pass 2**31 elements
-    b = bh // NH
-    h = bh % NH
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D)
-    in_m = offs_m < S
+    bh, b, h, offs_m, offs_d, in_m = _program_rows(NH, S, BLOCK_M, D)
     q = _load_tile(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_s + offs_d[None, :], in_m[:, None], UPCAST)
     k_base = _head_base(K, b, h, sk_b, sk_h, TMA)
     v_base = _head_base(V, b, h, sv_b, sv_h, TMA)
@@ -238,35 +258,34 @@ def _attn_fwd_kernel(Q, K, V, Out, LSE, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b
 
 
 @triton.jit
-def _attn_bwd_delta_kernel(Out, DO, DELTA, so_b, so_s, so_h, sdo_b, sdo_s, sdo_h, NH, S, D: tl.constexpr,
-                           BLOCK_M: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // NH
-    h = bh % NH
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D)
-    in_m = offs_m < S
+def _attn_bwd_delta_kernel(Out, DO, DELTA, VK, BOUND, so_b, so_s, so_h, sdo_b, sdo_s, sdo_h, NH, S, D: tl.constexpr,
+                           BLOCK_M: tl.constexpr, FUSED_DQ: tl.constexpr):
+    bh, b, h, offs_m, offs_d, in_m = _program_rows(NH, S, BLOCK_M, D)
     # fp32 products and row sum: delta feeds dS = P * (dP - delta), a difference of near-equal terms.
     o = tl.load(Out + b * so_b + h * so_h + offs_m[:, None] * so_s + offs_d[None, :], mask=in_m[:, None], other=0.0)
     do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_s + offs_d[None, :], mask=in_m[:, None],
                  other=0.0)
-    tl.store(DELTA + bh * S + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=in_m)
+    do = do.to(tl.float32)
+    delta = tl.sum(o.to(tl.float32) * do, 1)
+    tl.store(DELTA + bh * S + offs_m, delta, mask=in_m)
+    if FUSED_DQ:
+        # The fixed-point bound of dq's rows: 2 |dO_i| times max |v_j| * max |k| of this (batch, head). + 0 * delta
+        # makes it NaN where o_i is not finite (a NaN q_i reaches dq only through p, whose NaN the integer
+        # conversion would drop), so a non-finite dq row stays non-finite.
+        bound = 2.0 * tl.sqrt(tl.sum(do * do, 1)) * tl.load(VK + bh) + 0.0 * delta
+        tl.store(BOUND + bh * S + offs_m, bound, mask=in_m)
 
 
 @triton.jit
-def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
-                          sdo_b, sdo_s, sdo_h, sg_b, sg_s, sg_h, NH, S, qk_scale, sm_scale, D: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, UPCAST: tl.constexpr,
-                          PREC: tl.constexpr, DP_FIRST: tl.constexpr, TMA: tl.constexpr):
+def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQACC, BOUND, sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b,
+                          sv_s, sv_h, sdo_b, sdo_s, sdo_h, sg_b, sg_s, sg_h, NH, S, qk_scale, sm_scale, fix_one,
+                          D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr,
+                          TAIL_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, DP_FIRST: tl.constexpr,
+                          TMA: tl.constexpr, FUSED_DQ: tl.constexpr):
     # One program owns BLOCK_N keys of one (batch, head) and sweeps all queries: dV = P^T dO, dK = scale dS^T Q.
-    pid_n = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // NH
-    h = bh % NH
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, D)
-    in_n = offs_n < S
+    # FUSED_DQ: also dQ^T += K^T dS^T per query block, added in fixed point to DQACC ([B*NH, D, S] int32, queries
+    # contiguous so each atomic row is coalesced) in units of BOUND / fix_one per query row.
+    bh, b, h, offs_n, offs_d, in_n = _program_rows(NH, S, BLOCK_N, D)
     k = _load_tile(K + b * sk_b + h * sk_h + offs_n[:, None] * sk_s + offs_d[None, :], in_n[:, None], UPCAST)
     v = _load_tile(V + b * sv_b + h * sv_h + offs_n[:, None] * sv_s + offs_d[None, :], in_n[:, None], UPCAST)
     q_base = _head_base(Q, b, h, sq_b, sq_h, TMA)
@@ -292,7 +311,19 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sq_b, sq_s, sq_h, sk_
         if not DP_FIRST:
             dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
         dsT = pT * (dpT - delta[None, :])
-        dk = tl.dot(_round(dsT, DK.dtype.element_ty, UPCAST), q, dk, input_precision=PREC)
+        if FUSED_DQ and TAIL_N:  # tail keys (S % BLOCK_N != 0) may hold inf p; their k rows are 0, inf * 0 = NaN
+            dsT = tl.where(in_n[:, None], dsT, 0.0)
+        dsT = _round(dsT, DK.dtype.element_ty, UPCAST)
+        dk = tl.dot(dsT, q, dk, input_precision=PREC)
+        if FUSED_DQ:
+            dqT = tl.dot(tl.trans(k), dsT, input_precision=PREC)  # [D, BLOCK_M]: this key block's share
+            bound = tl.load(BOUND + bh * S + offs_m, mask=in_m, other=0.0)
+            # bound 0: dO_i, V or K is 0, so is dq_i; not > 0 also takes NaN bounds (then the finish gives NaN)
+            per_unit = tl.where(bound > 0.0, fix_one / tl.where(bound > 0.0, bound, 1.0), 0.0)
+            units = dqT * per_unit[None, :]
+            units = tl.where(units >= 0.0, units + 0.5, units - 0.5).to(tl.int32)  # nearest, ties away from 0
+            tl.atomic_add(DQACC + bh * D * S + offs_d[:, None] * S + offs_m[None, :], units, mask=in_m[None, :],
+                          sem="relaxed")
     dk = dk * sm_scale
     g_off = b * sg_b + h * sg_h + offs_n[:, None] * sg_s + offs_d[None, :]  # dk and dv share one layout
     _store_tile(DK + g_off, dk, in_n[:, None])
@@ -305,13 +336,7 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sq_b, sq_s, sq_h, sk_b, sk_
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, UPCAST: tl.constexpr,
                         PREC: tl.constexpr, DP_FIRST: tl.constexpr, TMA: tl.constexpr):
     # One program owns BLOCK_M queries of one (batch, head) and sweeps all keys: dQ = scale dS K.
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // NH
-    h = bh % NH
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D)
-    in_m = offs_m < S
+    bh, b, h, offs_m, offs_d, in_m = _program_rows(NH, S, BLOCK_M, D)
     q = _load_tile(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_s + offs_d[None, :], in_m[:, None], UPCAST)
     do = _load_tile(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_s + offs_d[None, :], in_m[:, None], UPCAST)
     lse = tl.load(LSE + bh * S + offs_m, mask=in_m, other=0.0)
@@ -337,6 +362,17 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sq_b, sq_s, sq_h, sk_b, sk_
         dq = tl.dot(_round(ds, DQ.dtype.element_ty, UPCAST), k, dq, input_precision=PREC)
     dq = dq * sm_scale
     _store_tile(DQ + b * sg_b + h * sg_h + offs_m[:, None] * sg_s + offs_d[None, :], dq, in_m[:, None])
+
+
+@triton.jit
+def _attn_bwd_dq_finish_kernel(DQACC, BOUND, DQ, sg_b, sg_s, sg_h, NH, S, unit_scale, D: tl.constexpr,
+                               BLOCK_M: tl.constexpr):
+    # dq = the fused dQ's fixed-point sums times their unit (bound / fix_one) times 1/sqrt(D), rounded once.
+    bh, b, h, offs_m, offs_d, in_m = _program_rows(NH, S, BLOCK_M, D)
+    units = tl.load(DQACC + bh * D * S + offs_d[:, None] * S + offs_m[None, :], mask=in_m[None, :], other=0)
+    bound = tl.load(BOUND + bh * S + offs_m, mask=in_m, other=0.0)
+    dqT = units.to(tl.float32) * (bound * unit_scale)[None, :]
+    _store_tile(DQ + b * sg_b + h * sg_h + offs_m[None, :] * sg_s + offs_d[:, None], dqT, in_m[None, :])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -373,6 +409,13 @@ def check_attention_inputs(q_BSND: torch.Tensor, k_BSND: torch.Tensor, v_BSND: t
         raise KernelInputError(f"attention: needs CUDA tensors (or CPU with TRITON_INTERPRET=1): {desc}")
     if B * NH > 65535:
         raise KernelInputError(f"attention: B*NH={B * NH} exceeds the 65535 grid limit: {desc}")
+
+
+def _max_norm_products(k_BSND: torch.Tensor, v_BSND: torch.Tensor) -> torch.Tensor:
+    """max_j |v_j|_2 * max_{j,d} |k_jd| per (batch, head), float32 [B, NH]: the head's part of the fused dQ bound."""
+    v_max = torch.linalg.vector_norm(v_BSND, dim=-1, dtype=torch.float32).amax(dim=1)
+    k_max = torch.maximum(k_BSND.amax(dim=(1, 3)), k_BSND.amin(dim=(1, 3)).neg()).float()
+    return (v_max * k_max).contiguous()
 
 
 def _launch_flags(dtype: torch.dtype) -> dict[str, object]:
@@ -420,9 +463,16 @@ def attention_bwd(do_BSND: torch.Tensor, q_BSND: torch.Tensor, k_BSND: torch.Ten
     if do_BSND.stride(-1) != 1 or do_BSND.dtype != q_BSND.dtype:
         # Autograd may hand an expanded (stride 0) or other-dtype gradient; the kernels read D-contiguous tiles.
         do_BSND = do_BSND.to(q_BSND.dtype).contiguous()
+    fused = bool(cfg.dq_fused)
     delta_BNS = new_empty((B, NH, S), torch.float32, q_BSND.device)
+    # Fused dQ: per-(batch, head) max |v_j|_2 * max |k| for the fixed-point bound, the int32 accumulator (zeroed:
+    # the atomics add into it) and the per-row bound. Unfused, the kernels get placeholders they never touch.
+    vk_BN = _max_norm_products(k_BSND, v_BSND) if fused else delta_BNS
+    bound_BNS = new_empty((B, NH, S), torch.float32, q_BSND.device) if fused else delta_BNS
+    dqacc_BNDS = torch.zeros((B, NH, D, S), dtype=torch.int32, device=q_BSND.device) if fused else delta_BNS
     _attn_bwd_delta_kernel[(triton.cdiv(S, _DELTA_M), B * NH)](
-        o_BSND, do_BSND, delta_BNS, *_s3(o_BSND), *_s3(do_BSND), NH, S, D=D, BLOCK_M=_DELTA_M)
+        o_BSND, do_BSND, delta_BNS, vk_BN, bound_BNS, *_s3(o_BSND), *_s3(do_BSND), NH, S, D=D, BLOCK_M=_DELTA_M,
+        FUSED_DQ=fused)
     dq_BSND, dk_BSND, dv_BSND = (new_empty((B, S, NH, D), q_BSND.dtype, q_BSND.device) for _ in range(3))
     sm_scale = 1.0 / math.sqrt(D)
     strides = (*_s3(q_BSND), *_s3(k_BSND), *_s3(v_BSND), *_s3(do_BSND), *_s3(dq_BSND))  # dq, dk, dv: one layout
@@ -430,9 +480,14 @@ def attention_bwd(do_BSND: torch.Tensor, q_BSND: torch.Tensor, k_BSND: torch.Ten
     tma = _tma_ready(cfg.dkdv_tma, q_BSND, do_BSND)
     _attn_bwd_dkdv_kernel[(triton.cdiv(S, cfg.dkdv_n), B * NH)](  # queries streamed, keys resident
         _operand(q_BSND, cfg.dkdv_m, tma), k_BSND, v_BSND, _operand(do_BSND, cfg.dkdv_m, tma), lse_BNS, delta_BNS,
-        dk_BSND, dv_BSND, *strides, NH, S, sm_scale * _LOG2E, sm_scale, D=D, BLOCK_M=cfg.dkdv_m,
-        BLOCK_N=cfg.dkdv_n, TAIL=S % cfg.dkdv_m != 0, DP_FIRST=bool(cfg.dkdv_dp_first), TMA=tma, **flags,
-        num_warps=cfg.dkdv_warps, num_stages=cfg.dkdv_stages)
+        dk_BSND, dv_BSND, dqacc_BNDS, bound_BNS, *strides, NH, S, sm_scale * _LOG2E, sm_scale, DQ_FIX_ONE, D=D,
+        BLOCK_M=cfg.dkdv_m, BLOCK_N=cfg.dkdv_n, TAIL=S % cfg.dkdv_m != 0, TAIL_N=S % cfg.dkdv_n != 0,
+        DP_FIRST=bool(cfg.dkdv_dp_first), TMA=tma, FUSED_DQ=fused, **flags, num_warps=cfg.dkdv_warps,
+        num_stages=cfg.dkdv_stages)
+    if fused:
+        _attn_bwd_dq_finish_kernel[(triton.cdiv(S, _DELTA_M), B * NH)](
+            dqacc_BNDS, bound_BNS, dq_BSND, *_s3(dq_BSND), NH, S, sm_scale / DQ_FIX_ONE, D=D, BLOCK_M=_DELTA_M)
+        return dq_BSND, dk_BSND, dv_BSND
     tma = _tma_ready(cfg.dq_tma, k_BSND, v_BSND)
     _attn_bwd_dq_kernel[(triton.cdiv(S, cfg.dq_m), B * NH)](  # queries resident, keys streamed
         q_BSND, _operand(k_BSND, cfg.dq_n, tma), _operand(v_BSND, cfg.dq_n, tma), do_BSND, lse_BNS, delta_BNS,
@@ -472,6 +527,9 @@ def attention(q_BSND: torch.Tensor, k_BSND: torch.Tensor, v_BSND: torch.Tensor, 
     """softmax(q k^T / sqrt(D)) v per (batch, head) on [B, S, NH, D] tensors; differentiable in q, k and v."""
     check_attention_inputs(q_BSND, k_BSND, v_BSND)
     cfg = config if config is not None else resolve_config(q_BSND.shape[-1], q_BSND.dtype)
+    if cfg.dq_fused and q_BSND.dtype != torch.bfloat16:
+        raise KernelInputError(f"attention: dq_fused=1 needs bfloat16 inputs, got {q_BSND.dtype} (the fixed-point "
+                               "dQ would be coarser than float32's IEEE accumulation)")
     return _AttentionFn.apply(q_BSND, k_BSND, v_BSND, cfg)
 
 

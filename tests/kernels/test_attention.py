@@ -202,6 +202,70 @@ def test_tma_needs_16_byte_alignment() -> None:
     assert _bytes_equal(_candidate(*shifted, do, tma), _candidate(q, k, v, do, SMALL_TILES))
 
 
+FUSED_SMALL = dataclasses.replace(SMALL_TILES, dq_fused=1)
+
+
+def _assert_dq_agrees(fused: torch.Tensor, separate: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      do: torch.Tensor, cfg: A.AttnConfig) -> None:
+    """Fused vs separate-kernel dq: one bf16 ulp (up to 2**-7 relative), plus the fixed point's documented error (half a
+    unit per key block, unit = bound_i / 2**30 / sqrt(D)) and fp32-level noise of the bound (2**-20 of it, which
+    covers both kernels' fp32 summation). Rows whose true dq is ~0 (S=1) are pure noise of that size."""
+    S, D = k.shape[1], k.shape[-1]
+    head_max = A._max_norm_products(k, v)[:, None, :, None]
+    unit = 2 * torch.linalg.vector_norm(do.float(), dim=-1, keepdim=True) * head_max / A.DQ_FIX_ONE / D**0.5
+    slack = unit * (-(-S // cfg.dkdv_n) + 1 + 2**10)
+    diff = (fused.float() - separate.float()).abs()
+    assert diff.le(2**-7 * torch.maximum(fused.float().abs(), separate.float().abs()) + slack).all(), (
+        f"max diff {float(diff.max()):.3e}, max slack {float(slack.max()):.3e}")
+
+
+@pytest.mark.parametrize("config", [FUSED_SMALL, None], ids=["small-tiles", "table"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}-S{}-NH{}-D{}".format(*s))
+def test_fused_dq_matches_float64_and_the_dq_kernel(shape: tuple[int, ...], config: A.AttnConfig | None) -> None:
+    # dq_fused moves dQ's matmul into the dK/dV kernel and sums it in int32 fixed point: o, dk and dv must keep
+    # their bytes, dq must meet the bf16 bounds and stay within one bf16 rounding of the dQ kernel's, and two runs
+    # must give the same bytes although the integer atomics land in any order.
+    q, k, v, do = _inputs(shape, torch.bfloat16, seed=12)
+    fused = config or dataclasses.replace(A.CONFIGS[(shape[-1], torch.bfloat16)], dq_fused=1)
+    separate = dataclasses.replace(fused, dq_fused=0)
+    got, want = _candidate(q, k, v, do, fused), _candidate(q, k, v, do, separate)
+    _assert_close(got, _float64(q, k, v, do), torch.bfloat16, _run(A.attention_reference, q, k, v, do))
+    assert _bytes_equal([got[0], *got[2:]], [want[0], *want[2:]])
+    _assert_dq_agrees(got[1], want[1], k, v, do, fused)
+    assert _bytes_equal(got, _candidate(q, k, v, do, fused))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp2", "ignore:invalid value encountered in")
+def test_fused_dq_masks_tail_keys() -> None:
+    # Scores ~ -160: a tail key (S=100 leaves one in every 16-key tile row) gets p = exp2(0 - lse) = inf, and its
+    # k row of zeros would turn the dQ share into NaN (inf * 0) without the key mask the fused kernel applies.
+    q, k, v, do = _inputs((1, 100, 2, 64), torch.bfloat16, seed=10)
+    w = torch.randn(64, generator=torch.Generator().manual_seed(11)).to(DEVICE, torch.bfloat16)
+    k, q = w + 0.2 * k, -20.0 * w + 0.2 * q
+    got = _candidate(q, k, v, do, FUSED_SMALL)
+    want = _candidate(q, k, v, do, SMALL_TILES)
+    assert got[1].isfinite().all()
+    _assert_dq_agrees(got[1], want[1], k, v, do, FUSED_SMALL)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in")
+def test_fused_dq_zero_and_non_finite_rows() -> None:
+    # A zero dO row has a zero bound, and its dq row must be exactly 0 (no 0/0); a NaN query row reaches dq only
+    # through p, whose NaN the integer conversion would drop: the bound carries it, so that dq row is NaN as in torch.
+    q, k, v, do = _inputs((1, 40, 2, 32), torch.bfloat16, seed=13)
+    do[0, 3] = 0.0
+    q[0, 5, 1] = float("nan")
+    got = _candidate(q, k, v, do, FUSED_SMALL)
+    assert got[1][0, 3, 0].eq(0).all() and got[1][0, 5, 1].isnan().all()
+    assert got[1][0, 5, 0].isfinite().all()
+
+
+def test_fused_dq_needs_bfloat16() -> None:
+    q, k, v, _ = _inputs((1, 17, 1, 32), torch.float32)
+    with pytest.raises(KernelInputError, match="dq_fused=1 needs bfloat16"):
+        A.attention(q, k, v, config=FUSED_SMALL)
+
+
 def test_batch_items_are_independent() -> None:
     q, k, v, do = _inputs((2, 17, 2, 32), torch.bfloat16, seed=4)
     both = _candidate(q, k, v, do)
@@ -383,3 +447,20 @@ def test_tma_loads_match_pointer_loads_on_gpu(S: int) -> None:
         pointer = dataclasses.replace(table, fwd_tma=0, dkdv_tma=0, dq_tma=0, **tiles)
         tma = dataclasses.replace(pointer, fwd_tma=1, dkdv_tma=1, dq_tma=1)
         assert _bytes_equal(_candidate(q, k, v, do, tma), _candidate(q, k, v, do, pointer)), tiles
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("S", [4096, 4097], ids=["S4096", "S4097"])
+def test_fused_dq_on_gpu(S: int) -> None:
+    # The fused dQ at the real width, with and without a tail tile: o, dk and dv byte-identical to the separate-dQ
+    # kernels, dq within one bf16 rounding of theirs, and byte-identical run to run (the integer atomics' order
+    # varies on the GPU).
+    q, k, v, do = _inputs((1, S, 56, 128), torch.bfloat16, seed=11)
+    table = A.CONFIGS[(128, torch.bfloat16)]
+    for tiles in ({}, {"dkdv_m": 16}):
+        fused = dataclasses.replace(table, dq_fused=1, **tiles)
+        got, want = _candidate(q, k, v, do, fused), _candidate(q, k, v, do, dataclasses.replace(fused, dq_fused=0))
+        assert _bytes_equal([got[0], *got[2:]], [want[0], *want[2:]]), tiles
+        _assert_dq_agrees(got[1], want[1], k, v, do, fused)
+        assert _bytes_equal(got, _candidate(q, k, v, do, fused)), tiles
