@@ -94,7 +94,10 @@ def _qk_fwd_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, rstd_ptr, ROWS, NH, D,
 
 @triton.jit
 def _qk_bwd_kernel(dy_ptr, x_ptr, w_ptr, cos_ptr, sin_ptr, rstd_ptr, dx_ptr, pw_ptr, ROWS, NH, D, RD, ROWS_PER_PROG,
-                   HAS_ROPE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+                   HAS_ROPE: tl.constexpr, ROPE_PER_TILE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    # ROPE_PER_TILE: BLOCK_ROWS divides NH, so every tile's rows are heads of one s and cos/sin are read once per
+    # tile as [BLOCK_D] rows (per row otherwise: they were half the bytes the loop loaded).
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -111,9 +114,16 @@ def _qk_bwd_kernel(dy_ptr, x_ptr, w_ptr, cos_ptr, sin_ptr, rstd_ptr, dx_ptr, pw_
             is_rot, partner, sign = _rope_lanes(cols, RD)
             rm = rmask[:, None] & is_rot[None, :]
             dyp = tl.load(dy_ptr + rows[:, None] * D + partner[None, :], mask=rm, other=0.0).to(tl.float32)
-            srow = (rows // NH).to(tl.int64) * RD
-            c = tl.load(cos_ptr + srow[:, None] + cols[None, :], mask=rm, other=1.0).to(tl.float32)
-            sp = tl.load(sin_ptr + srow[:, None] + partner[None, :], mask=rm, other=0.0).to(tl.float32)
+            if ROPE_PER_TILE:
+                row0 = pid * ROWS_PER_PROG + r0  # a multiple of BLOCK_ROWS, so of one s with all its tile rows
+                srow = (row0 // NH).to(tl.int64) * RD
+                vm = is_rot & (row0 + 0 * cols < ROWS)  # a past-the-end tile of a program's last chunk
+                c = tl.load(cos_ptr + srow + cols, mask=vm, other=1.0).to(tl.float32)[None, :]
+                sp = tl.load(sin_ptr + srow + partner, mask=vm, other=0.0).to(tl.float32)[None, :]
+            else:
+                srow = (rows // NH).to(tl.int64) * RD
+                c = tl.load(cos_ptr + srow[:, None] + cols[None, :], mask=rm, other=1.0).to(tl.float32)
+                sp = tl.load(sin_ptr + srow[:, None] + partner[None, :], mask=rm, other=0.0).to(tl.float32)
             dy = tl.where(is_rot[None, :], dy * c - sign[None, :] * dyp * sp, dy)
         x = tl.load(x_ptr + offs, mask=m2, other=0.0).to(tl.float32)
         rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
@@ -155,8 +165,8 @@ def _qk_bwd(dy, x, weight, cos, sin, rstd):
     pw = new_empty((n_prog, 1, D), torch.float32, x.device)
     block_d = triton.next_power_of_2(D)
     _qk_bwd_kernel[(n_prog,)](dy, x, weight, cos if has_rope else x, sin if has_rope else x, rstd, dx, pw, rows, NH,
-                              D, RD, rows_per_prog, HAS_ROPE=has_rope, BLOCK_ROWS=QK_BWD_ROWS, BLOCK_D=block_d,
-                              num_warps=QK_BWD_WARPS)
+                              D, RD, rows_per_prog, HAS_ROPE=has_rope, ROPE_PER_TILE=NH % QK_BWD_ROWS == 0,
+                              BLOCK_ROWS=QK_BWD_ROWS, BLOCK_D=block_d, num_warps=QK_BWD_WARPS)
     d_weight = new_empty((1, D), weight.dtype, x.device)
     finish_segments(pw, d_weight)
     return dx, d_weight.view(D)
