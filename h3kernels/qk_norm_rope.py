@@ -48,6 +48,11 @@ QK_FWD_WARPS = 8
 QK_BWD_ROWS = 64 if is_interpreting() else 8
 QK_BWD_WARPS = 2
 QK_BWD_PROGRAMS = 4 if is_interpreting() else 1024
+# 1: the backward reads cos/sin once per row tile when QK_BWD_ROWS divides NH (every tile is then heads of one s, as
+# the real 56 heads in 8-row tiles); 0: per row, as measured in session 15. Written in session 16 to cut the loads
+# that were half the loop's bytes, without a GPU to time it on: 0 until `bench/knob_sweep.py --ops qk_norm_rope
+# --setting "" --setting qk_norm_rope.QK_BWD_ROPE_PER_TILE=1` shows it pays (bench/gpu_session16.sh runs that).
+QK_BWD_ROPE_PER_TILE = 0
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -164,8 +169,9 @@ def _qk_bwd(dy, x, weight, cos, sin, rstd):
     dx = new_empty(x.shape, x.dtype, x.device)
     pw = new_empty((n_prog, 1, D), torch.float32, x.device)
     block_d = triton.next_power_of_2(D)
+    per_tile = bool(QK_BWD_ROPE_PER_TILE) and NH % QK_BWD_ROWS == 0
     _qk_bwd_kernel[(n_prog,)](dy, x, weight, cos if has_rope else x, sin if has_rope else x, rstd, dx, pw, rows, NH,
-                              D, RD, rows_per_prog, HAS_ROPE=has_rope, ROPE_PER_TILE=NH % QK_BWD_ROWS == 0,
+                              D, RD, rows_per_prog, HAS_ROPE=has_rope, ROPE_PER_TILE=per_tile,
                               BLOCK_ROWS=QK_BWD_ROWS, BLOCK_D=block_d, num_warps=QK_BWD_WARPS)
     d_weight = new_empty((1, D), weight.dtype, x.device)
     finish_segments(pw, d_weight)

@@ -223,14 +223,15 @@ def test_qk_norm_rope_rows_independent():
 
 @pytest.mark.parametrize("rows", [4, 8], ids=["cos-sin-per-tile", "cos-sin-per-row"])
 def test_qk_norm_rope_backward_tile_paths(rows, monkeypatch):
-    # The backward reads cos/sin once per tile when its row tile divides NH (every tile is heads of one s: the real
-    # 56 heads in 8-row tiles), else per row. With NH=4, 4-row tiles take the first path, 8-row tiles the second
-    # (each spans two s). Both must match float64, and dx must have the bytes of the interpreter's 64-row tiles,
-    # which take the per-row path (dx is row-local, so only d_weight's partial order may differ).
+    # With QK_BWD_ROPE_PER_TILE the backward reads cos/sin once per tile when its row tile divides NH (every tile
+    # is heads of one s: the real 56 heads in 8-row tiles), else per row. With NH=4, 4-row tiles take the first
+    # path, 8-row tiles the second (each spans two s). Both must match float64, and dx must have the bytes of the
+    # interpreter's default 64-row, per-row path (dx is row-local; only d_weight's partial order may differ).
     S, NH, D, RD = 37, 4, 32, 24
     args, dy = qk_args(S, NH, D, RD, torch.float32, seed=4)
     _, (dx_default, _) = run(norm.qk_norm_rope, args, (0, 1), dy)
     monkeypatch.setattr(qk_module, "QK_BWD_ROWS", rows)
+    monkeypatch.setattr(qk_module, "QK_BWD_ROPE_PER_TILE", 1)
     out, grads = run(norm.qk_norm_rope, args, (0, 1), dy, poison=True)
     tout, tgrads = run(ref.qk_norm_rope, args, (0, 1), dy, cast=torch.float64)
     for name, c, t in zip(("x", "weight"), grads, tgrads, strict=True):
