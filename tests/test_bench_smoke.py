@@ -152,3 +152,15 @@ def test_knob_sweep_apply_sets_restores_and_rejects_unknown_constants() -> None:
     for bad in ("GATED_WARPS=4", "residual.GATED_WARPS", "residual.GATED_WARPS=four"):
         with pytest.raises(ValueError, match="bad --setting item"):
             parse_setting(bad)
+
+
+@pytest.mark.timeout(120)
+def test_fused_dq_error_bench_smoke() -> None:
+    """bench/fused_dq_error.py on the interpreter: the fixed point's error is a small part of bf16's, the int32
+    headroom holds, o/dk/dv keep their bytes (the script exits 1 otherwise)."""
+    proc = _run_bench("bench/fused_dq_error.py", "--smoke", timeout=110)
+    row = proc.stdout.strip().splitlines()[-1].split()
+    rel_separate, rel_fused, fused_vs_separate, headroom = (float(row[i]) for i in (1, 2, 3, 6))
+    assert row[0] == "randn" and row[-1] == "yes"
+    assert 1e-4 < rel_separate < 1e-2 and abs(rel_fused - rel_separate) < 0.05 * rel_separate
+    assert fused_vs_separate < 0.1 * rel_separate and 0 < headroom <= 0.5
