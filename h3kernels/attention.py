@@ -28,10 +28,11 @@ Fused dQ (AttnConfig.dq_fused, bfloat16 only): 5 matmuls. Each dK/dV program add
     bound_i = 2 |dO_i|_2 max_j |v_j|_2 max_{j,d} |k_jd| (per batch and head), which bounds the sum of the absolute
     shares: sum_j |dS_ij| <= max_j |dP_ij| + |delta_i| <= 2 |dO_i| max_j |v_j|. No sum can overflow (half the int32
     range is headroom for the bf16 rounding of dS) and each share is off by at most half a unit, so dq_i's added
-    error is at most 2**-30 * (S / dkdv_n) / 2 of bound_i: at S=16384 about 6e-8 of the bound, far below the one bf16
-    rounding of dq itself unless the bound overstates |dq_i| by 10**4 or more. A finish kernel scales the sums back
-    (times 1/sqrt(D)) and rounds them to bf16. float32 keeps the separate dQ kernel: the fixed point would be
-    coarser than its IEEE accumulation.
+    error is at most 2**-30 * ceil(S / dkdv_n) / 2 of bound_i: at S=16384, 6e-8 * over_i of max_d |dq_id|, where
+    over_i = bound_i / (sqrt(D) max_d |dq_id|). bench/fused_dq_error.py measures over_i (randn, S=4096: median
+    1.9e3), so the worst case stays well below dq's one bf16 rounding (2**-9) while over_i < ~3e4. A finish kernel
+    scales the sums back (times 1/sqrt(D)) and rounds them to bf16. float32 keeps the separate dQ kernel: the fixed
+    point would be coarser than its IEEE accumulation.
 
 Rejected (KernelInputError, a ValueError, message names the op)
     non-tensors, ndim != 4, empty tensors, q/k/v differing in shape, dtype or device, dtypes other than
@@ -481,7 +482,7 @@ def attention_bwd(do_BSND: torch.Tensor, q_BSND: torch.Tensor, k_BSND: torch.Ten
     _attn_bwd_dkdv_kernel[(triton.cdiv(S, cfg.dkdv_n), B * NH)](  # queries streamed, keys resident
         _operand(q_BSND, cfg.dkdv_m, tma), k_BSND, v_BSND, _operand(do_BSND, cfg.dkdv_m, tma), lse_BNS, delta_BNS,
         dk_BSND, dv_BSND, dqacc_BNDS, bound_BNS, *strides, NH, S, sm_scale * _LOG2E, sm_scale, DQ_FIX_ONE, D=D,
-        BLOCK_M=cfg.dkdv_m, BLOCK_N=cfg.dkdv_n, TAIL=S % cfg.dkdv_m != 0, TAIL_N=S % cfg.dkdv_n != 0,
+        BLOCK_M=cfg.dkdv_m, BLOCK_N=cfg.dkdv_n, TAIL=S % cfg.dkdv_m != 0, TAIL_N=fused and S % cfg.dkdv_n != 0,
         DP_FIRST=bool(cfg.dkdv_dp_first), TMA=tma, FUSED_DQ=fused, **flags, num_warps=cfg.dkdv_warps,
         num_stages=cfg.dkdv_stages)
     if fused:
