@@ -266,12 +266,16 @@ def test_fused_dq_needs_bfloat16() -> None:
         A.attention(q, k, v, config=FUSED_SMALL)
 
 
-def test_batch_items_are_independent() -> None:
+@pytest.mark.parametrize("config", [None, FUSED_SMALL], ids=["table", "fused-dq"])
+def test_batch_items_are_independent(config: A.AttnConfig | None) -> None:
+    # The second item's v and dO are 1e6 times larger: with fused dQ, a fixed-point unit taken from anything but the
+    # item's own dO, k and v would be ~1e12 times too coarse for the first item's dq and round it to 0.
     q, k, v, do = _inputs((2, 17, 2, 32), torch.bfloat16, seed=4)
-    both = _candidate(q, k, v, do)
-    alone = _candidate(*(x[:1].clone() for x in (q, k, v, do)))
-    other = _inputs((2, 17, 2, 32), torch.bfloat16, seed=5)
-    changed = _candidate(*(torch.cat([x[:1], y[1:]]) for x, y in zip((q, k, v, do), other, strict=True)))
+    both = _candidate(q, k, v, do, config)
+    alone = _candidate(*(x[:1].clone() for x in (q, k, v, do)), config)
+    other = [x * scale for x, scale in zip(_inputs((2, 17, 2, 32), torch.bfloat16, seed=5), (1, 1, 1e6, 1e6),
+                                           strict=True)]
+    changed = _candidate(*(torch.cat([x[:1], y[1:]]) for x, y in zip((q, k, v, do), other, strict=True)), config)
     assert _bytes_equal([t[:1] for t in both], alone)
     assert _bytes_equal([t[:1] for t in changed], alone)
     assert not torch.equal(changed[0][1:], both[0][1:])
