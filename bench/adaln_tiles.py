@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         M.GEMV_BLOCK_C, M.GEMV_BLOCK_E, M.GEMV_WARPS = table
     info = block_bench.machine()
-    print(f"{info['device']} | torch {info['torch']} | triton {info['triton']} | preset {preset}, copy {copy:.0f} GB/s")
+    print(block_bench.machine_line(info, f"preset {preset}, copy {copy:.0f} GB/s"))
     print(block_bench.table(rows, ("adaln_table", "fwd ms", "fwd % copy", "bwd ms", "bwd % copy",
                                    "rel-L2 vs bf16 torch")))
     return 0

@@ -136,7 +136,11 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
 
 
 def machine() -> dict[str, Any]:
+    """Versions, the device, and the attention override in force ($H3KERNELS_ATTN_CONFIG: a sweep's block runs differ
+    only there, so a log or JSON without it could not say which attention it timed)."""
     import triton
+
+    from h3kernels.attention import CONFIG_ENV
 
     try:
         import diffusers
@@ -146,7 +150,15 @@ def machine() -> dict[str, Any]:
         diffusers_version = None
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (no CUDA)"
     return {"device": dev, "torch": torch.__version__, "triton": triton.__version__, "diffusers": diffusers_version,
-            "triton_interpret": os.environ.get("TRITON_INTERPRET", "0")}
+            "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"), "attn_config": os.environ.get(CONFIG_ENV, "")}
+
+
+def machine_line(info: dict[str, Any], *notes: str) -> str:
+    """machine()'s facts as a benchmark log's first line, then `notes` (empty ones left out)."""
+    parts = [info["device"], f"torch {info['torch']}", f"triton {info['triton']}", f"diffusers {info['diffusers']}"]
+    if info["attn_config"]:
+        parts.append(f"attention {info['attn_config']}")
+    return " | ".join(parts + [n for n in notes if n])
 
 
 # ------------------------------------------------------------------------------------------------ block and inputs
@@ -403,8 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     if device is None:
         return 0
     info = machine()
-    print(f"{info['device']} | torch {info['torch']} | triton {info['triton']} | diffusers {info['diffusers']}"
-          f"{' | SMOKE (CPU interpreter)' if smoke else ''}", flush=True)
+    print(machine_line(info, "SMOKE (CPU interpreter)" if smoke else ""), flush=True)
     results = run("tiny" if smoke else "block", args.seqlens or ([96] if smoke else [4096, 16384]), device,
                   warmup=args.warmup if args.warmup is not None else (1 if smoke else WARMUP),
                   iters=args.iters if args.iters is not None else (2 if smoke else ITERS),

@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     preset, S = ("tiny", args.seqlen or 96) if args.smoke else ("block", args.seqlen or 16384)
     info = block_bench.machine()
-    print(f"{info['device']} | torch {info['torch']} | triton {info['triton']} | diffusers {info['diffusers']} | "
-          f"preset {preset}, S={S}{' | SMOKE (CPU interpreter)' if args.smoke else ''}", flush=True)
+    print(block_bench.machine_line(info, f"preset {preset}, S={S}", "SMOKE (CPU interpreter)" if args.smoke else ""),
+          flush=True)
     runs = profile_block(preset, S, device, args.warmup if args.warmup is not None else (1 if args.smoke else 3),
                          args.iters if args.iters is not None else (1 if args.smoke else 5))
     print(block_bench.table(rows(runs, args.top), HEADER))

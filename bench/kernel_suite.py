@@ -366,8 +366,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t_start = time.perf_counter()
     info = block_bench.machine()
-    log(f"{info['device']} | torch {info['torch']} | triton {info['triton']} | diffusers {info['diffusers']}"
-        f"{' | SMOKE (CPU interpreter, tiny shapes: numbers mean nothing)' if smoke else ''}")
+    log(block_bench.machine_line(info, "SMOKE (CPU interpreter, tiny shapes: numbers mean nothing)" if smoke else ""))
     doc: dict[str, Any] = {"machine": info, "smoke": smoke}
     rows: list[list[str]] = []
     failed = False
@@ -427,8 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=1, default=str))
-    log(f"\n{info['device']} | torch {info['torch']} | triton {info['triton']} | total {doc['total_seconds']:.0f} s"
-        f"{' | SMOKE' if smoke else ''}")
+    log("\n" + block_bench.machine_line(info, f"total {doc['total_seconds']:.0f} s", "SMOKE" if smoke else ""))
     print(table(rows, HEADER))
     return 1 if failed else 0
 

@@ -83,6 +83,20 @@ def test_kernel_parts_bench_smoke() -> None:
     assert len(parts) == 5 and all(float(ms) > 0 for ms in parts.values())
 
 
+def test_machine_line_names_the_attention_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every bench log's first line (and its JSON's machine record) says which $H3KERNELS_ATTN_CONFIG was in force:
+    a sweep's block runs differ only there."""
+    from bench import block
+
+    monkeypatch.setenv("H3KERNELS_ATTN_CONFIG", "dq_fused=1,dkdv_m=16")
+    info = block.machine()
+    assert info["attn_config"] == "dq_fused=1,dkdv_m=16"
+    assert block.machine_line(info, "", "SMOKE").endswith(" | attention dq_fused=1,dkdv_m=16 | SMOKE")
+    monkeypatch.delenv("H3KERNELS_ATTN_CONFIG")
+    info = block.machine()
+    assert info["attn_config"] == "" and "attention" not in block.machine_line(info)
+
+
 @pytest.mark.timeout(120)
 def test_block_profile_bench_smoke() -> None:
     """bench/block_profile.py on tiny: both runs profiled, categories and kernels tabled, the table last."""
