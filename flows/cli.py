@@ -248,7 +248,8 @@ def calibrate(
         typer.echo(f"k = {rule.k:.4f} (raw {rule.k_raw:.4f})   floor = {rule.floor:.3e}   [{rule.floor_method}]")
         typer.echo("held-out worst ratios:")
         for provider, entry in sorted(rule.leave_one_out.items()):
-            typer.echo(f"  {provider:<20} {float(entry['ratio']):8.4f}  on {entry['tensor']}")
+            twins = f"  (twins left out: {', '.join(entry['twins'])})" if entry.get("twins") else ""
+            typer.echo(f"  {provider:<20} {float(entry['ratio']):8.4f}  on {entry['tensor']}{twins}")
         _echo_spread(result["spread"])
         typer.echo(f"ensemble-rule.json sha256 {result['rule'].rule_sha}")
 

@@ -214,6 +214,9 @@ def actual_configuration(provider: Provider, device: str | torch.device) -> dict
         "attention_backend": str(_AttentionBackendRegistry.get_active_backend()[0].value),
         "onednn": bool(torch.backends.mkldnn.enabled),
         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+        # Where the host lacks AVX-512, oneDNN runs no BF16 GEMM and "oneDNN off" is the same arithmetic (a twin)
+        "onednn_bf16_gemm": bool(torch.backends.mkldnn.enabled and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
         "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
         "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),

@@ -16,19 +16,25 @@ Formulas (``e_p(t)``: provider p's error on tensor t; ``f``: the floor; ``M(t) =
   ``FLOOR_EPS_MULTIPLE * 2**-24`` (float32 unit roundoff times a reduction-length allowance).
   The floor is absolute where a reference has zero norm (compare.py then reports ||c - r||).
 - calibration (``calibrate``), on provider data only: for each held-out provider h and tensor t,
-  ``M_h(t) = max_{p != h} e_p(t)`` and the needed factor is ``(e_h(t) - f) / M_h(t)`` (0 when
-  ``e_h(t) <= f``). ``r_h`` is the smallest float k with ``e_h(t) <= k * M_h(t) + f`` for every t
+  ``M_h(t) = max e_p(t)`` over p != h (twins of h excluded, below), and the needed factor is
+  ``(e_h(t) - f) / M_h(t)`` (0 when ``e_h(t) <= f``). ``r_h`` is the smallest float k with ``e_h(t) <= k * M_h(t) + f`` for every t
   (found by bisection on the float grid, so the statement is exact in floating point), recorded
   with the tensor that binds. ``k_raw = max_h r_h`` and ``k = max(1.0, k_raw)``: below 1 the rule
   would reject the providers themselves (a provider p has ``e_p <= M``). Hence, for k_raw >= 1:
   with k every held-out provider passes against the others and with any smaller k one fails.
   Adding a provider can lower k (it raises every other provider's ``M_h``); k is a property of
   the whole ensemble, not monotone in it.
+- twins: providers whose errors are equal on every tensor ran the same arithmetic on this host (on a
+  CPU without AVX-512, oneDNN runs no BF16 GEMM, so "oneDNN off" changes nothing). A held-out
+  provider is measured against the others *minus its twins*: a twin would predict it exactly and
+  pull its ratio to 1, so the ensemble's real spread, the thing leave-one-out estimates, would be
+  lost (measured on the tiny preset with oneDNN's BF16 GEMMs off: k fell to 1.0 and the honest
+  candidate failed). The excluded twins are recorded with each held-out ratio.
 
 Rejected (``CalibrationError``): fewer than three providers; tensor sets that differ between
 providers (the missing tensors are named); NaN, Inf or negative errors; an empty tensor set; a
 tensor where every other provider has zero error but the held-out one exceeds the floor (its
-factor is infinite; the tensor is named). ``verdict`` raises ``RuleError`` if a rule tensor has no
+factor is infinite; the tensor is named); providers that are all twins of one another (no spread). ``verdict`` raises ``RuleError`` if a rule tensor has no
 execution order.
 
 Verdict: per rule tensor ``bound = k * M(t) + f``, ``ratio = error / bound``, pass iff the error is
@@ -293,7 +299,8 @@ class EnsembleRule:
     floor: float
     floor_method: str
     providers: tuple[str, ...]
-    leave_one_out: Mapping[str, Mapping[str, object]]  # provider -> {"ratio": float, "tensor": str | None}
+    # provider -> {"ratio": float, "tensor": str | None, "twins": [providers left out as identical to it]}
+    leave_one_out: Mapping[str, Mapping[str, object]]
     max_provider_error: Mapping[str, float]
     reference_manifest_sha: str
 
@@ -335,7 +342,8 @@ class EnsembleRule:
             floor_method=str(d["floor_method"]),
             providers=tuple(d["providers"]),
             leave_one_out={
-                p: {"ratio": float(v["ratio"]), "tensor": v["tensor"]} for p, v in d["leave_one_out"].items()
+                p: {"ratio": float(v["ratio"]), "tensor": v["tensor"], "twins": list(v.get("twins", []))}
+                for p, v in d["leave_one_out"].items()
             },
             max_provider_error={t: float(v) for t, v in d["max_provider_error"].items()},
             reference_manifest_sha=str(d["reference_manifest_sha"]),
@@ -354,18 +362,25 @@ def calibrate(
     _check_floor(floor)
     providers = sorted(errors_by_provider)
     e = {p: {t: float(errors_by_provider[p][t]) for t in names} for p in providers}
+    twins = {h: [p for p in providers if p != h and e[p] == e[h]] for h in providers}
+    if all(len(twins[h]) == len(providers) - 1 for h in providers):
+        raise CalibrationError(
+            f"the providers {_names(providers)} have identical errors on every tensor: they ran one arithmetic "
+            "path on this host, so there is no spread to calibrate k from; add a provider that differs"
+        )
     infinite: list[str] = []
     leave_one_out: dict[str, dict[str, object]] = {}
     for h in providers:
+        others = [p for p in providers if p != h and p not in twins[h]]
         pairs: list[tuple[str, float, float]] = []
         for t in names:
-            m = max(e[p][t] for p in providers if p != h)
+            m = max(e[p][t] for p in others)
             if m > 0.0:
                 pairs.append((t, e[h][t], m))
             elif e[h][t] > floor:  # no factor can cover it: 0 * k + floor < e_h
                 infinite.append(f"{t} (held out {h}: {e[h][t]!r} > floor {floor!r}, others all 0)")
         ratio, tensor = _min_factor(pairs, floor)
-        leave_one_out[h] = {"ratio": ratio, "tensor": tensor}
+        leave_one_out[h] = {"ratio": ratio, "tensor": tensor, "twins": twins[h]}
     if infinite:
         raise CalibrationError("leave-one-out factor is infinite on: " + _names(infinite))
     k_raw = max(float(v["ratio"]) for v in leave_one_out.values())  # type: ignore[arg-type]

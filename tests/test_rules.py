@@ -7,7 +7,7 @@ import json
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tasks.compare import TensorComparison
@@ -45,7 +45,9 @@ floors = st.one_of(st.just(0.0), st.floats(-9.0, -4.0).map(lambda x: 10.0**x))
 def ensembles(draw: st.DrawFn, min_providers: int = 3, max_providers: int = 6) -> dict[str, dict[str, float]]:
     n_t = draw(st.integers(1, len(NAMES)))
     n_p = draw(st.integers(min_providers, max_providers))
-    return {f"p{i}": {t: draw(error) for t in NAMES[:n_t]} for i in range(n_p)}
+    errors = {f"p{i}": {t: draw(error) for t in NAMES[:n_t]} for i in range(n_p)}
+    assume(len({tuple(e.values()) for e in errors.values()}) > 1)  # all-identical providers are refused (own test)
+    return errors
 
 
 def _order(errors: dict[str, dict[str, float]]) -> dict[str, int]:
@@ -53,8 +55,8 @@ def _order(errors: dict[str, dict[str, float]]) -> dict[str, int]:
 
 
 def _held_out_rule(rule: EnsembleRule, errors: dict[str, dict[str, float]], h: str) -> EnsembleRule:
-    """The calibrated rule with its maxima taken over every provider but h."""
-    others = {t: max(e[t] for p, e in errors.items() if p != h) for t in errors[h]}
+    """The calibrated rule with its maxima taken over every provider but h and h's twins."""
+    others = {t: max(e[t] for p, e in errors.items() if e != errors[h]) for t in errors[h]}
     return dataclasses.replace(rule, max_provider_error=others)
 
 
@@ -128,10 +130,42 @@ def test_adding_a_provider_never_raises_a_subset_providers_factor(errors, floor,
 
 
 def test_adding_a_provider_can_lower_k():
-    """Documented behaviour: a lone outlier forces k up; a second provider that agrees with it brings k down."""
-    three = {"a": {"t": 10.0}, "b": {"t": 1.0}, "c": {"t": 1.0}}
-    assert calibrate(three, 0.0, reference_manifest_sha=SHA).k == 10.0
-    assert calibrate({**three, "d": {"t": 10.0}}, 0.0, reference_manifest_sha=SHA).k == 1.0
+    """Documented behaviour: a lone outlier forces k up; a second provider close to it brings k down."""
+    three = {"a": {"t": 10.0}, "b": {"t": 1.0}, "c": {"t": 1.5}}
+    assert calibrate(three, 0.0, reference_manifest_sha=SHA).k == pytest.approx(10.0 / 1.5)
+    assert calibrate({**three, "d": {"t": 9.0}}, 0.0, reference_manifest_sha=SHA).k == pytest.approx(10.0 / 9.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(errors=ensembles(max_providers=5), floor=floors, which=st.integers(0, 4))
+def test_a_twin_provider_changes_no_ratio(errors, floor, which):
+    """A provider identical to another on every tensor (oneDNN off where oneDNN runs no BF16 GEMM) is the same
+    arithmetic twice: it must not predict its twin, so k and every held-out ratio stay as without it."""
+    original = sorted(errors)[which % len(errors)]
+    with_twin = {**errors, "twin": dict(errors[original])}
+    base = calibrate(errors, floor, reference_manifest_sha=SHA)
+    twinned = calibrate(with_twin, floor, reference_manifest_sha=SHA)
+    assert (twinned.k, twinned.k_raw) == (base.k, base.k_raw)
+    assert twinned.leave_one_out["twin"]["ratio"] == base.leave_one_out[original]["ratio"]
+    for p in errors:
+        assert twinned.leave_one_out[p]["ratio"] == base.leave_one_out[p]["ratio"]
+    assert "twin" in twinned.leave_one_out[original]["twins"] and original in twinned.leave_one_out["twin"]["twins"]
+
+
+def test_twins_pulling_k_to_one_are_measured_against_the_rest():
+    """Two pairs of twins (the CPU set on a host without oneDNN BF16 GEMMs): without the twin rule each held-out
+    provider's twin predicts it exactly and k collapses to 1; with it, each pair is measured against the other."""
+    errors = {"default": {"t": 2.0, "u": 1.0}, "no-onednn": {"t": 2.0, "u": 1.0},
+              "math": {"t": 1.0, "u": 1.25}, "math-no-onednn": {"t": 1.0, "u": 1.25}}
+    rule = calibrate(errors, 0.0, reference_manifest_sha=SHA)
+    assert rule.k == 2.0 and rule.leave_one_out["default"] == {"ratio": 2.0, "tensor": "t", "twins": ["no-onednn"]}
+    assert rule.leave_one_out["math"]["ratio"] == 1.25 and rule.leave_one_out["math"]["tensor"] == "u"
+
+
+def test_all_identical_providers_are_refused():
+    same = {"t": 0.01, "u": 0.02}
+    with pytest.raises(CalibrationError, match="identical errors on every tensor.*no spread"):
+        calibrate({"a": dict(same), "b": dict(same), "c": dict(same)}, 0.0, reference_manifest_sha=SHA)
 
 
 @settings(max_examples=100, deadline=None)
@@ -149,7 +183,9 @@ def tight_ensembles(draw: st.DrawFn) -> dict[str, dict[str, float]]:
     n_t = draw(st.integers(1, len(NAMES)))
     base = {t: 10.0 ** draw(st.floats(-4.0, -2.0)) for t in NAMES[:n_t]}
     n_p = draw(st.integers(3, 6))
-    return {f"p{i}": {t: b * draw(st.floats(1.0, 2.0)) for t, b in base.items()} for i in range(n_p)}
+    errors = {f"p{i}": {t: b * draw(st.floats(1.0, 2.0)) for t, b in base.items()} for i in range(n_p)}
+    assume(len({tuple(e.values()) for e in errors.values()}) > 1)
+    return errors
 
 
 @settings(max_examples=100, deadline=None)
@@ -194,8 +230,9 @@ def test_nan_or_negative_provider_errors_refused():
 @settings(max_examples=60, deadline=None)
 @given(perm=st.permutations(list(range(8))), drifting=st.sets(st.integers(0, 7), min_size=1))
 def test_first_drift_follows_execution_order(perm, drifting):
-    errors = {p: {t: 1e-3 for t in NAMES} for p in ("a", "b", "c")}
+    errors = {p: {t: e for t in NAMES} for p, e in (("a", 1e-3), ("b", 0.999e-3), ("c", 0.998e-3))}
     rule = calibrate(errors, 1e-6, reference_manifest_sha=SHA)
+    assert rule.k == 1.0
     order = {t: perm[i] for i, t in enumerate(NAMES)}
     candidate = {t: (1e-3 + 5e-7 if i in drifting else 1e-3) for i, t in enumerate(NAMES)}
     v = verdict(candidate, rule, order)
@@ -205,7 +242,7 @@ def test_first_drift_follows_execution_order(perm, drifting):
 
 
 def test_first_drift_is_not_name_order():
-    errors = {p: {"a": 1e-3, "b": 1e-3} for p in ("x", "y", "z")}
+    errors = {p: {"a": e, "b": e} for p, e in (("x", 1e-3), ("y", 0.9e-3), ("z", 0.8e-3))}
     rule = calibrate(errors, 0.0, reference_manifest_sha=SHA)
     v = verdict({"a": 5e-3, "b": 5e-3}, rule, {"b": 0, "a": 1})
     assert v.first_drift == "b" and v.failures == ("b", "a")
@@ -231,11 +268,11 @@ def test_zero_error_others_infinite_factor_is_named():
         calibrate(errors, 1e-5, reference_manifest_sha=SHA)
     # at or below the floor, zero-error others need no factor
     ok = calibrate({"a": {"t": 0.0}, "b": {"t": 0.0}, "c": {"t": 1e-6}}, 1e-5, reference_manifest_sha=SHA)
-    assert ok.k == 1.0 and ok.leave_one_out["c"] == {"ratio": 0.0, "tensor": None}
+    assert ok.k == 1.0 and ok.leave_one_out["c"] == {"ratio": 0.0, "tensor": None, "twins": []}
 
 
 def test_missing_tensors_and_ledger_fail_and_are_named():
-    errors = {p: {"a": 1e-3, "b": 1e-3, "c": 1e-3} for p in ("x", "y", "z")}
+    errors = {p: {"a": e, "b": e, "c": e} for p, e in (("x", 1e-3), ("y", 0.9e-3), ("z", 0.8e-3))}
     rule = calibrate(errors, 0.0, reference_manifest_sha=SHA)
     order = {"a": 2, "b": 0, "c": 1}
     v = verdict({"a": 1e-3, "c": 9.0, "extra": 1.0}, rule, order)
@@ -328,6 +365,6 @@ def test_provider_report_and_thresholds():
 def test_tensor_kind_and_empty_rule_refused():
     assert tensor_kind("grad/transformer_blocks.39.adaln_proj.linear.weight") == "grad"
     assert tensor_kind("bare") == ""
-    rule = calibrate({p: {"t": 1e-3} for p in "abc"}, 0.0, reference_manifest_sha=SHA)
+    rule = calibrate({"a": {"t": 1e-3}, "b": {"t": 2e-3}, "c": {"t": 3e-3}}, 0.0, reference_manifest_sha=SHA)
     with pytest.raises(RuleError, match="no tensors"):
         dataclasses.replace(rule, max_provider_error={})
