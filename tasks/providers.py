@@ -206,6 +206,12 @@ def _restore(state: dict[str, Any]) -> None:
         torch.backends.cuda.preferred_blas_library(state["blas"])
 
 
+def host_runs_onednn_bf16_gemms() -> bool:
+    """Whether torch sends BF16 GEMMs to oneDNN on this host (AVX-512 and later). Elsewhere torch runs them in ATen
+    whatever oneDNN's flag says, so the "oneDNN off" providers are twins of their oneDNN ones (tasks/rules.py)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def actual_configuration(provider: Provider, device: str | torch.device) -> dict[str, Any]:
     """What is in force right now, read back from torch and diffusers."""
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry
@@ -214,8 +220,7 @@ def actual_configuration(provider: Provider, device: str | torch.device) -> dict
         "attention_backend": str(_AttentionBackendRegistry.get_active_backend()[0].value),
         "onednn": bool(torch.backends.mkldnn.enabled),
         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
-        # Where the host lacks AVX-512, oneDNN runs no BF16 GEMM and "oneDNN off" is the same arithmetic (a twin)
-        "onednn_bf16_gemm": bool(torch.backends.mkldnn.enabled and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        "onednn_bf16_gemm": bool(torch.backends.mkldnn.enabled and host_runs_onednn_bf16_gemms()),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
         "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),

@@ -17,8 +17,9 @@ Formulas (``e_p(t)``: provider p's error on tensor t; ``f``: the floor; ``M(t) =
   The floor is absolute where a reference has zero norm (compare.py then reports ||c - r||).
 - calibration (``calibrate``), on provider data only: for each held-out provider h and tensor t,
   ``M_h(t) = max e_p(t)`` over p != h (twins of h excluded, below), and the needed factor is
-  ``(e_h(t) - f) / M_h(t)`` (0 when ``e_h(t) <= f``). ``r_h`` is the smallest float k with ``e_h(t) <= k * M_h(t) + f`` for every t
-  (found by bisection on the float grid, so the statement is exact in floating point), recorded
+  ``(e_h(t) - f) / M_h(t)`` (0 when ``e_h(t) <= f``). ``r_h`` is the smallest float k with
+  ``e_h(t) <= k * M_h(t) + f`` for every t (found by bisection on the float grid, so the statement is
+  exact in floating point), recorded
   with the tensor that binds. ``k_raw = max_h r_h`` and ``k = max(1.0, k_raw)``: below 1 the rule
   would reject the providers themselves (a provider p has ``e_p <= M``). Hence, for k_raw >= 1:
   with k every held-out provider passes against the others and with any smaller k one fails.
@@ -34,8 +35,8 @@ Formulas (``e_p(t)``: provider p's error on tensor t; ``f``: the floor; ``M(t) =
 Rejected (``CalibrationError``): fewer than three providers; tensor sets that differ between
 providers (the missing tensors are named); NaN, Inf or negative errors; an empty tensor set; a
 tensor where every other provider has zero error but the held-out one exceeds the floor (its
-factor is infinite; the tensor is named); providers that are all twins of one another (no spread). ``verdict`` raises ``RuleError`` if a rule tensor has no
-execution order.
+factor is infinite; the tensor is named); providers that are all twins of one another (no
+spread). ``verdict`` raises ``RuleError`` if a rule tensor has no execution order.
 
 Verdict: per rule tensor ``bound = k * M(t) + f``, ``ratio = error / bound``, pass iff the error is
 finite, nothing is non-finite, and ``error <= bound``. Overall pass iff every rule tensor was
@@ -363,7 +364,7 @@ def calibrate(
     providers = sorted(errors_by_provider)
     e = {p: {t: float(errors_by_provider[p][t]) for t in names} for p in providers}
     twins = {h: [p for p in providers if p != h and e[p] == e[h]] for h in providers}
-    if all(len(twins[h]) == len(providers) - 1 for h in providers):
+    if len(twins[providers[0]]) == len(providers) - 1:  # twin of every other: all are one arithmetic path
         raise CalibrationError(
             f"the providers {_names(providers)} have identical errors on every tensor: they ran one arithmetic "
             "path on this host, so there is no spread to calibrate k from; add a provider that differs"

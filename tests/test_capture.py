@@ -6,7 +6,7 @@ import torch
 
 from tasks import model as model_lib
 from tasks.capture import captured_modules, run_capture
-from tasks.providers import CPU_PROVIDERS, FP32_CPU, activate
+from tasks.providers import CPU_PROVIDERS, FP32_CPU, activate, host_runs_onednn_bf16_gemms
 from tasks.reference import capture_reference_run
 
 
@@ -95,7 +95,7 @@ def test_bf16_providers_really_differ(store, tiny, tiny_checkpoint, tiny_sample_
     assert hashes["cpu-default"] != hashes["cpu-math"], hashes
     # oneDNN off changes the GEMMs only where oneDNN runs BF16 GEMMs (AVX-512 hosts); elsewhere the two are twins,
     # which calibration measures as one provider (tasks/rules.py)
-    onednn_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    onednn_bf16 = host_runs_onednn_bf16_gemms()
     assert (hashes["cpu-default"] != hashes["cpu-no-onednn"]) == onednn_bf16, hashes
 
 
@@ -117,7 +117,7 @@ def test_cpu_references_use_the_same_onednn_kernels_on_every_host(tmp_path):
     script = "import tasks.providers, torch; a = torch.ones(64, 64, dtype=torch.bfloat16); a @ a"
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
     isa = [line for line in out.splitlines() if ",info,cpu,isa:" in line]
-    onednn_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    onednn_bf16 = host_runs_onednn_bf16_gemms()
     assert isa or not onednn_bf16, out  # without AVX-512 torch runs BF16 GEMMs in ATen and oneDNN may never start
     assert all("AMX" not in line for line in isa), isa
     with activate(CPU_PROVIDERS["cpu-default"], "cpu"):
