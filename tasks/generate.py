@@ -44,7 +44,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -66,7 +66,8 @@ from tasks.model import (
     load_model,
     validate_spec,
 )
-from tasks.providers import activate, fp32_alt_provider, fp32_provider, resolve_provider
+from tasks.provider_process import run_in_own_process, store_request
+from tasks.providers import Provider, activate, fp32_alt_provider, fp32_provider, needs_own_process, resolve_provider
 from tasks.reference import ReferenceInfo
 from tasks.store import Store
 
@@ -310,6 +311,24 @@ def _bound_trajectories(model: torch.nn.Module, cond: Conditioning, num_steps: i
     return first, second, binding.describe(), never
 
 
+def provider_trajectory(store: Store, checkpoint: CheckpointRef, preset: Preset, num_steps: int, device: str,
+                        provider: Provider) -> Trajectory:
+    """One BF16 trajectory of the reference model under ``provider``, from the stored checkpoint (the work a
+    provider's own process does: tasks/provider_process.py)."""
+    model = load_model(store, checkpoint, DTYPES[CANDIDATE_DTYPE], device)
+    with activate(provider, device):
+        return run_trajectory(model, build_conditioning(preset.config, preset.sample), num_steps, device)
+
+
+def _trajectory_in_own_process(store: Store, checkpoint: CheckpointRef, preset: Preset, num_steps: int, device: str,
+                               provider: Provider) -> Trajectory:
+    request = {"store": store_request(store), "checkpoint": asdict(checkpoint),
+               "preset": preset.to_json(), "num_steps": num_steps, "device": device}
+    result = run_in_own_process(provider, "trajectory", request)
+    tensors = {name: result["tensors"][name] for name in result["tensor_names"]}
+    return Trajectory(tensors, [tuple(e) for e in result["events"]], result["wall_s"])
+
+
 def run_generate(store: Store, reference: ReferenceInfo, preset: Preset, checkpoint: CheckpointRef, *, device: str,
                  num_steps: int = 30, nodes: Collection[str] | None = None,
                  overrides: Mapping[tuple[str, str], Callable[..., Any]] | None = None,
@@ -333,8 +352,12 @@ def run_generate(store: Store, reference: ReferenceInfo, preset: Preset, checkpo
     model = load_model(store, checkpoint, DTYPES[CANDIDATE_DTYPE], device)
     providers: dict[str, Trajectory] = {}
     for name in sorted(reference.provider_runs):
-        with activate(resolve_provider(name, device), device):
-            providers[name] = run_trajectory(model, cond, num_steps, device)
+        provider = resolve_provider(name, device)
+        if needs_own_process(provider):
+            providers[name] = _trajectory_in_own_process(store, checkpoint, preset, num_steps, device, provider)
+        else:
+            with activate(provider, device):
+                providers[name] = run_trajectory(model, cond, num_steps, device)
         note(f"provider {name}: {providers[name].wall_s:.1f} s")
     cand, again, candidate, never_ran = _bound_trajectories(model, cond, num_steps, device,
                                                             reference.default_provider, nodes, overrides)

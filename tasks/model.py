@@ -100,6 +100,11 @@ class Preset:
             "weight_seed": self.weight_seed,
         }
 
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Preset:
+        """The preset ``to_json`` wrote (for a process of its own: tasks/provider_process.py)."""
+        return cls(doc["name"], doc["config"], SampleSpec(**doc["sample"]), doc["weight_seed"])
+
 
 _REAL_WIDTHS = dict(
     num_attention_heads=56,

@@ -1,18 +1,23 @@
 """Providers: named, recorded configurations under which the reference model runs.
 
 A provider fixes the diffusers attention backend, the BLAS library, the TF32 and reduced-precision
-reduction flags, oneDNN and the thread count. ``activate(provider)`` applies it for the duration of
-a ``with`` block, restores every setting afterwards, and yields what was *actually* in force (read
-back from torch, not copied from the request), so a run records requested and actual side by side.
+reduction flags, oneDNN, the thread count and (CPU) which of ATen's vectorized kernels run.
+``activate(provider)`` applies it for the duration of a ``with`` block, restores every setting afterwards, and
+yields what was *actually* in force (read back from torch, not copied from the request), so a run records
+requested and actual side by side.
 
 A provider that cannot run on this machine raises ``ProviderUnavailable`` with the reason; it is
 never silently replaced by another.
 
 CUDA set: ``default`` (native SDPA, cuBLAS), ``flash``, ``efficient``, ``cudnn``, ``math``
 (the diffusers backends of the same names) and ``cublaslt`` (native SDPA on cuBLASLt).
-CPU set (real BF16 spread, measured on the tiny preset): ``cpu-default`` (native SDPA: the
-flash-CPU kernel), ``cpu-math`` (math SDPA), ``cpu-no-onednn`` (oneDNN off: ATen's own BF16 GEMMs),
-``cpu-math-no-onednn``; ``cpu-1thread`` (one thread) runs by name only.
+CPU providers: ``cpu-default`` (native SDPA: the flash-CPU kernel) and ``cpu-math`` (math SDPA), each also with
+oneDNN off (``cpu-no-onednn``, ``cpu-math-no-onednn``: ATen's own BF16 GEMMs) and on ATen's scalar kernels
+(``cpu-scalar``, ``cpu-math-scalar``: ``ATEN_CPU_CAPABILITY=default``, which torch reads once at start, so these run
+in a process of their own: tasks/provider_process.py); ``cpu-1thread`` (one thread) runs by name only. The default
+CPU set depends on the host (``provider_set``): where oneDNN runs the BF16 GEMMs (AVX-512 and later) it is the four
+oneDNN on/off providers; elsewhere oneDNN off changes nothing (those would be twins, tasks/rules.py) and the scalar
+kernels take their place.
 The FP32 reference runs under ``fp32`` (native SDPA, TF32 off, highest matmul precision); ``fp32-alt``
 (math SDPA, another GEMM library) measures the FP32 reference's own rounding noise for the floor.
 """
@@ -55,10 +60,16 @@ class Provider:
     reduced_precision_reduction: bool = True  # torch's default for BF16 GEMMs on CUDA
     onednn: bool = True
     threads: int | None = None
+    aten_capability: str | None = None  # ATEN_CPU_CAPABILITY of the process it runs in ("default": scalar kernels)
     description: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The provider as recorded (part of a run's identity); ``aten_capability`` only where set, so the runs of
+        providers older than the field keep their ids."""
+        doc = dataclasses.asdict(self)
+        if doc["aten_capability"] is None:
+            del doc["aten_capability"]
+        return doc
 
 
 FP32_CUDA = Provider("fp32", "cuda", description="FP32 reference: native SDPA, TF32 off")
@@ -89,13 +100,17 @@ CPU_PROVIDERS: dict[str, Provider] = {
         Provider("cpu-math", "cpu", "_native_math", description="math SDPA, oneDNN GEMMs"),
         Provider("cpu-no-onednn", "cpu", onednn=False, description="native SDPA, ATen GEMMs (oneDNN off)"),
         Provider("cpu-math-no-onednn", "cpu", "_native_math", onednn=False, description="math SDPA, ATen GEMMs"),
+        Provider("cpu-scalar", "cpu", aten_capability="default", description="native SDPA, ATen's scalar kernels"),
+        Provider("cpu-math-scalar", "cpu", "_native_math", aten_capability="default",
+                 description="math SDPA, ATen's scalar kernels"),
+        # Thread count is a provider knob too, but on the tiny preset one thread was byte-identical to the default
+        # on 103 of 104 tensors with oneDNN BF16 GEMMs and on all 104 without: it runs by name only.
+        Provider("cpu-1thread", "cpu", threads=1, description="native SDPA, one thread"),
     )
 }
-# Thread count is a provider knob too, but on the tiny preset one thread was byte-identical to the
-# default on 103 of 104 tensors: it is available by name and left out of the default set.
-CPU_EXTRA_PROVIDERS: dict[str, Provider] = {
-    "cpu-1thread": Provider("cpu-1thread", "cpu", threads=1, description="native SDPA, oneDNN, one thread"),
-}
+# The default CPU set of each kind of host (tasks/rules.py twins: providers identical on every tensor count once).
+CPU_SET_WITH_ONEDNN_GEMMS = ("cpu-default", "cpu-math", "cpu-no-onednn", "cpu-math-no-onednn")
+CPU_SET_WITH_ATEN_GEMMS = ("cpu-default", "cpu-math", "cpu-scalar", "cpu-math-scalar")
 # The provider whose error defines the single-provider bound (kept as a record).
 DEFAULT_PROVIDER = {"cuda": "default", "cpu": "cpu-default"}
 
@@ -105,7 +120,27 @@ def device_type_of(device: str | torch.device) -> str:
 
 
 def provider_set(device: str | torch.device) -> dict[str, Provider]:
+    """The providers a reference runs by default on ``device`` (on a CPU, this host's set: the module docstring)."""
+    if device_type_of(device) == "cuda":
+        return CUDA_PROVIDERS
+    names = CPU_SET_WITH_ONEDNN_GEMMS if host_runs_onednn_bf16_gemms() else CPU_SET_WITH_ATEN_GEMMS
+    return {name: CPU_PROVIDERS[name] for name in names}
+
+
+def named_providers(device: str | torch.device) -> dict[str, Provider]:
+    """Every BF16 provider of ``device``'s type that can be asked for by name."""
     return CUDA_PROVIDERS if device_type_of(device) == "cuda" else CPU_PROVIDERS
+
+
+def needs_own_process(provider: Provider) -> bool:
+    """Whether ``provider`` asks for ATen kernels other than this process's (fixed when torch started)."""
+    wanted = provider.aten_capability
+    return wanted is not None and wanted.lower() != torch.backends.cpu.get_cpu_capability().lower()
+
+
+def process_environment(provider: Provider) -> dict[str, str]:
+    """The environment variables a process needs, set before torch starts, for ``provider`` to run in it."""
+    return {"ATEN_CPU_CAPABILITY": provider.aten_capability} if provider.aten_capability else {}
 
 
 def fp32_provider(device: str | torch.device) -> Provider:
@@ -127,11 +162,9 @@ def resolve_provider(name: str, device: str | torch.device) -> Provider:
 
 def resolve_providers(names: list[str] | None, device: str | torch.device) -> list[Provider]:
     """The requested providers for ``device`` (all of its set when ``names`` is empty)."""
-    available = provider_set(device)
     if not names:
-        return list(available.values())
-    if device_type_of(device) == "cpu":
-        available = {**available, **CPU_EXTRA_PROVIDERS}
+        return list(provider_set(device).values())
+    available = named_providers(device)
     unknown = [n for n in names if n not in available]
     if unknown:
         raise ProviderUnavailable(
@@ -156,6 +189,12 @@ def check_available(provider: Provider, device: str | torch.device) -> None:
         )
     if provider.blas == "cublaslt" and torch.version.hip:
         raise ProviderUnavailable(f"provider {provider.name}: cuBLASLt selection is CUDA-only")
+    if needs_own_process(provider):
+        raise ProviderUnavailable(
+            f"provider {provider.name} needs ATEN_CPU_CAPABILITY={provider.aten_capability} before torch starts "
+            f"(this process runs {torch.backends.cpu.get_cpu_capability()}): references and generation runs start "
+            "a process of their own for it (tasks/provider_process.py); a diagnose variant cannot"
+        )
 
 
 @contextlib.contextmanager

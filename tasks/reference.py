@@ -21,7 +21,8 @@ from tasks.capture import DTYPES, Granularity, RunInfo, RunSpec, record_run, sto
 from tasks.memory_plan import plan_memory
 from tasks.model import CheckpointRef, Preset, load_model, read_sample
 from tasks.placement import Placement
-from tasks.providers import Provider, device_type_of, fp32_provider
+from tasks.provider_process import run_in_own_process, store_request
+from tasks.providers import Provider, device_type_of, fp32_provider, needs_own_process
 from tasks.store import Store
 
 INVENTORY_FILE = "reference-manifest.json"
@@ -94,13 +95,19 @@ def capture_reference_run(
     ``placement`` splits the model over devices (its first device is then ``device``); before anything
     is loaded the memory plan of that placement is checked, and a run that cannot fit is refused with
     ``PlanDoesNotFit``. Placement and plan are recorded in the run's metadata: they do not change what
-    the run computes, so they are not part of its identity.
+    the run computes, so they are not part of its identity. A provider this process cannot run (other ATen
+    kernels) makes its run in a process of its own (tasks/provider_process.py), without ``progress``.
     """
     placement = placement or Placement.single(str(device), preset.config["num_layers"])
     device = placement.main_device
     spec = run_spec(preset, checkpoint, sample_sha, provider, dtype, device, granularity)
     if not force and (stored := stored_run(store, spec.run_id)) is not None:
         return stored
+    if needs_own_process(provider):
+        request = {"store": store_request(store), "preset": preset.to_json(), "checkpoint": asdict(checkpoint),
+                   "sample_sha": sample_sha, "dtype": dtype, "device": str(device), "granularity": granularity,
+                   "force": force}
+        return RunInfo(**run_in_own_process(provider, "capture", request))
     plan = plan_memory(preset, dtype, placement, provider=provider, granularity=granularity)
     plan.require_fit()
     sample = read_sample(store, sample_sha, preset.config)

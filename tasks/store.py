@@ -359,6 +359,11 @@ class Store:
         return self._url
 
     @property
+    def storage_options(self) -> dict[str, Any]:
+        """A copy of the storage options, secrets included: for a child process's stdin, never for a log."""
+        return dict(self._options)
+
+    @property
     def root(self) -> str:
         """Filesystem-specific root path, for direct use with `fs`."""
         return self._root

@@ -95,9 +95,9 @@ def tiny_model(store, tiny_checkpoint):
 
 @pytest.fixture(scope="module")
 def calibrated_tiny(tmp_path_factory):
-    """A tiny-preset reference (FP32, FP32-alt, every CPU provider) with its calibrated rule, via plain functions."""
+    """A tiny-preset reference (FP32, FP32-alt, the host's CPU providers) and its calibrated rule, via functions."""
     from tasks import calibration, model
-    from tasks.providers import CPU_PROVIDERS, FP32_ALT_CPU, FP32_CPU
+    from tasks.providers import FP32_ALT_CPU, FP32_CPU, provider_set
     from tasks.reference import capture_reference_run, inventory, write_inventory
     from tasks.store import Store
 
@@ -110,7 +110,7 @@ def calibrated_tiny(tmp_path_factory):
         return capture_reference_run(store, preset, checkpoint, sample_sha, provider, dtype, "cpu")
 
     doc = inventory(preset, checkpoint, sample_sha, "cpu", "blocks", run(FP32_CPU, "float32"),
-                    {name: run(p, "bfloat16") for name, p in CPU_PROVIDERS.items()}, "cpu-default",
+                    {name: run(p, "bfloat16") for name, p in provider_set("cpu").items()}, "cpu-default",
                     run(FP32_ALT_CPU, "float32"))
     reference = write_inventory(store, preset, doc)
     rule = calibration.write_rule(store, reference, calibration.provider_reports(store, reference))

@@ -6,7 +6,7 @@ import torch
 
 from tasks import model as model_lib
 from tasks.capture import captured_modules, run_capture
-from tasks.providers import CPU_PROVIDERS, FP32_CPU, activate, host_runs_onednn_bf16_gemms
+from tasks.providers import CPU_PROVIDERS, FP32_CPU, activate, host_runs_onednn_bf16_gemms, provider_set
 from tasks.reference import capture_reference_run
 
 
@@ -83,20 +83,21 @@ def test_reference_run_streams_dedupes_and_is_byte_identical(store, tiny, tiny_c
 
 
 def test_bf16_providers_really_differ(store, tiny, tiny_checkpoint, tiny_sample_sha):
-    runs = {
-        name: capture_reference_run(store, tiny, tiny_checkpoint, tiny_sample_sha, CPU_PROVIDERS[name], "bfloat16",
+    """Each provider of this host's CPU set runs other arithmetic than the default (some tensor differs), and oneDNN
+    off changes the GEMMs only where oneDNN runs BF16 GEMMs (AVX-512 hosts): elsewhere the two are twins, which
+    calibration would measure as one provider (tasks/rules.py), so that host's set has ATen's scalar kernels instead."""
+    names = sorted(set(provider_set("cpu")) | {"cpu-no-onednn"})
+
+    def hashes(name):
+        run = capture_reference_run(store, tiny, tiny_checkpoint, tiny_sample_sha, CPU_PROVIDERS[name], "bfloat16",
                                     "cpu")
-        for name in ("cpu-default", "cpu-math", "cpu-no-onednn")
-    }
-    hashes = {
-        name: store.read_manifest(info.run_id)["tensors"]["grad/transformer_blocks.1.attn.norm_q.weight"]["sha256"]
-        for name, info in runs.items()
-    }
-    assert hashes["cpu-default"] != hashes["cpu-math"], hashes
-    # oneDNN off changes the GEMMs only where oneDNN runs BF16 GEMMs (AVX-512 hosts); elsewhere the two are twins,
-    # which calibration measures as one provider (tasks/rules.py)
-    onednn_bf16 = host_runs_onednn_bf16_gemms()
-    assert (hashes["cpu-default"] != hashes["cpu-no-onednn"]) == onednn_bf16, hashes
+        return {n: r["sha256"] for n, r in store.read_manifest(run.run_id)["tensors"].items()}
+
+    tensors = {name: hashes(name) for name in names}
+    default = tensors["cpu-default"]
+    differing = {name: sum(default[n] != h for n, h in hashes_.items()) for name, hashes_ in tensors.items()}
+    assert all(differing[name] > 0 for name in provider_set("cpu") if name != "cpu-default"), differing
+    assert (differing["cpu-no-onednn"] > 0) == host_runs_onednn_bf16_gemms(), differing
 
 
 def test_model_fixture_is_float32(tiny_model):

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.host import quick_cpu_providers
+
 REPO = Path(__file__).resolve().parent.parent
 PREFECT = [sys.executable, "-m", "prefect"]
 pytestmark = pytest.mark.service
@@ -101,7 +103,7 @@ def test_deploy_run_and_worker_end_to_end(tmp_path):
         prefect("--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--name", "qualify-tiny-cpu")
         # As the UI would: the whole params form, one field changed (only 3 providers, to keep it fast)
         params = {"preset": "tiny", "store": str(store), "device": "cpu", "capture": "blocks",
-                  "providers": ["cpu-default", "cpu-math", "cpu-no-onednn"]}
+                  "providers": quick_cpu_providers()}
         out = prefect("deployment", "run", "h3-qualify/qualify-tiny-cpu", "--param", f"params={json.dumps(params)}")
         assert "Created flow run" in out
 

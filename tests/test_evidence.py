@@ -15,12 +15,13 @@ from flows.calibrate import CalibrateParams, calibrate_flow
 from flows.qualify import QualifyParams, qualify_flow
 from tasks.evidence import Redactor, build_bundle, verify_sums
 from tasks.store import Store
+from tests.host import quick_cpu_providers
 
 HOST = "gpu-node-17.corp.example.com"
 HOME = "/home/alice"
 KEY_ID = "AKIAIOSFODNN7EXAMPLE"
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
-PROVIDERS = ["cpu-default", "cpu-math", "cpu-no-onednn"]
+PROVIDERS = quick_cpu_providers()
 
 
 @pytest.fixture(scope="module")

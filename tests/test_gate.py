@@ -13,11 +13,12 @@ from flows.qualify import QualifyParams, qualify_flow
 from h3kernels.nodes import CANDIDATE_OPS
 from tasks import gate, golden
 from tasks.rules import summarize
+from tests.host import quick_cpu_providers
 
 
 def test_qualify_tiny_end_to_end_with_artifacts(prefect_api, tmp_path):
     url = str(tmp_path / "store")
-    result = qualify_flow(QualifyParams(store=url, providers=["cpu-default", "cpu-math", "cpu-no-onednn"]))
+    result = qualify_flow(QualifyParams(store=url, providers=quick_cpu_providers()))
     assert result.passed and result.stage == "verdict", result
     assert result.report_url.endswith("/report.html") and Path(result.report_url.removeprefix("file://")).is_file()
     assert not result.failures and not result.ledger_missing

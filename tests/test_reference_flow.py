@@ -18,9 +18,10 @@ from typer.testing import CliRunner
 from flows.calibrate import CalibrateParams, calibrate_flow
 from flows.cli import app
 from flows.reference import ReferenceParams, reference_flow
-from tasks.providers import CPU_PROVIDERS
+from tasks.providers import CPU_PROVIDERS, provider_set
 from tasks.reference import capture_reference_run
 from tasks.store import Store, StoreUnreachable
+from tests.host import quick_cpu_providers
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "SUPERSECRET-h3gate-planted-0123456789"
@@ -30,7 +31,7 @@ def test_reference_spread_calibrate_end_to_end(prefect_api, tmp_path):
     url = str(tmp_path / "store")
     info = reference_flow(ReferenceParams(store=url))
     store = Store(url)
-    assert set(info.provider_runs) == set(CPU_PROVIDERS)
+    assert set(info.provider_runs) == set(provider_set("cpu"))
     assert info.fp32_alt_run is not None
     doc = store.read_document(info.reference_id, "reference-manifest.json")
     assert doc["fp32"]["run"] == info.fp32_run and doc["default_provider"] == "cpu-default"
@@ -45,19 +46,19 @@ def test_reference_spread_calibrate_end_to_end(prefect_api, tmp_path):
 
     result = calibrate_flow(CalibrateParams(store=url))
     rule = result["rule"].rule
-    assert rule.k >= 1.0 and set(rule.providers) == set(CPU_PROVIDERS)
-    assert set(rule.leave_one_out) == set(CPU_PROVIDERS)
+    assert rule.k >= 1.0 and set(rule.providers) == set(provider_set("cpu"))
+    assert set(rule.leave_one_out) == set(provider_set("cpu"))
     assert rule.floor_method.startswith("fp32-noise")
     assert rule.reference_manifest_sha == store.manifest_sha(info.fp32_run)
     thresholds = store.read_document(info.reference_id, "thresholds.json")
-    assert set(thresholds["reports"]) == set(CPU_PROVIDERS)
+    assert set(thresholds["reports"]) == set(provider_set("cpu"))
     assert all(not name.startswith("in/") for name in thresholds["bounds"])
 
 
 def test_cli_reference_calibrate_verify_diff(prefect_api, tmp_path):
     runner = CliRunner()
     url = str(tmp_path / "store")
-    result = runner.invoke(app, ["reference", "--store", url, "--providers", "cpu-default,cpu-math,cpu-no-onednn"])
+    result = runner.invoke(app, ["reference", "--store", url, "--providers", ",".join(quick_cpu_providers())])
     assert result.exit_code == 0, result.output
     assert "reference tiny-cpu-" in result.output
     result = runner.invoke(app, ["calibrate", "--store", url])
@@ -177,7 +178,7 @@ def test_s3_store_outage_and_secret(s3_server, tiny, tiny_sample, caplog, capfd)
 def test_reference_flow_on_s3_never_shows_the_secret(prefect_api, s3_server, monkeypatch, capfd):
     monkeypatch.setenv("H3GATE_STORAGE_OPTIONS", json.dumps(s3_server.options(secret=SECRET)))
     url = f"s3://{s3_server.bucket}/flow"
-    info = reference_flow(ReferenceParams(store=url, providers=["cpu-default", "cpu-math", "cpu-no-onednn"]))
+    info = reference_flow(ReferenceParams(store=url, providers=quick_cpu_providers()))
     calibrate_flow(CalibrateParams(store=url))
     store = Store.from_env(url)
     texts = [json.dumps(store.read_manifest(r)) for r in store.list_runs()]
