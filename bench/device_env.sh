@@ -6,6 +6,16 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PREFECT_HOME=/tmp/ph PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 PYTHONUNBUFFERED=1
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=90 PREFECT_LOGGING_LEVEL=WARNING
 t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+# The card first in stamps.txt: a call asked for an H200 may run on an H100.
+nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv,noheader | tee -a $OUT/stamps.txt
+
+# step NAME LIMIT_S LOG CMD...: stamp NAME, run CMD under the limit with its output in $OUT/LOG, print its rc.
+step() {
+  local name=$1 limit=$2 log=$3; shift 3
+  stamp "$name" | tee -a $OUT/stamps.txt
+  timeout "$limit" "$@" > "$OUT/$log" 2>&1
+  echo "$name rc $?" | tee -a $OUT/stamps.txt
+}
 
 # The `block` qualify on a fresh /tmp/st (three BF16 providers), Prefect logs at INFO in $OUT/qualify_block.log,
 # its stage lines printed: qualify_block TIMEOUT_S (sessions 7 and 9).

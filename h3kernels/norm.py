@@ -66,6 +66,13 @@ from h3kernels.qk_norm_rope import qk_norm_rope
 # slower.
 NORM_BWD_WARPS = 16
 NORM_BWD_CHUNKS = 4 if is_interpreting() else 132
+# 1: the backward loads the next tile's dy and x before the current tile's math (two tiles' loads in flight per
+# program: the loop is latency-bound at one program per SM); 0: each tile's loads at its own step. Same bytes either
+# way. On an H100 at S=16384 (session 18, bench/results/h100-session18b-norm_sweep.log) it ran rms_norm's backward
+# in 0.222 ms against 0.258 (79% against 68% of copy) and rms_norm_modulate's in 0.313 against 0.306 ms: on for the
+# plain norm only. It spills 312 bytes at 16 warps with the modulation, against 240 without the prefetch.
+RMS_NORM_BWD_PREFETCH = 1
+MODULATE_BWD_PREFETCH = 0
 # The finish kernel sums FINISH_BLOCK_P chunk partials per step over FINISH_BLOCK_H columns.
 FINISH_BLOCK_H = 256
 
@@ -135,6 +142,17 @@ def _rms_fwd_kernel(x_ptr, w_ptr, tab_ptr, idx_ptr, y_ptr, rstd_ptr, S, H, tab_s
 
 
 @triton.jit
+def _load_rows(dy_ptr, x_ptr, t0, end, cols, cmask, H, TILE_S: tl.constexpr):
+    """The dy and x tiles of rows [t0, t0 + TILE_S) below `end`, in their storage dtype (zeros past `end`)."""
+    rows = t0 + tl.arange(0, TILE_S)
+    m2 = (rows < end)[:, None] & cmask[None, :]
+    offs = rows[:, None] * H + cols[None, :]
+    dy = tl.load(dy_ptr + offs, mask=m2, other=0.0, eviction_policy="evict_first")
+    x = tl.load(x_ptr + offs, mask=m2, other=0.0, eviction_policy="evict_first")
+    return dy, x
+
+
+@triton.jit
 def _seen_before(idx_ptr, start, pos, r, HAS_MOD: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
     """Whether table row r occurs in rows [start, pos) of the chunk, i.e. its partial row is already stored."""
     if HAS_MOD:
@@ -165,7 +183,8 @@ def _flush(pp_ptr, pq_ptr, idx_ptr, c, R, H, r, start, seg_start, part_p, part_q
 def _rms_bwd_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_ptr, pp_ptr, pq_ptr, touched_ptr,
                     S, H, R, tab_stride, scale_off, chunk_rows,
                     HAS_MOD: tl.constexpr, NEED_DX: tl.constexpr, NEED_PARAMS: tl.constexpr,
-                    TILE_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
+                    TILE_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
+                    PREFETCH: tl.constexpr):
     """dx of chunk c's rows, and the chunk's partials pp[c, r] = sum of dy * xhat over its rows of table row r,
     pq[c, r] the same of dy (HAS_MOD), with touched[c, r] = 1 where the chunk has rows of table row r.
 
@@ -184,13 +203,20 @@ def _rms_bwd_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_ptr, pp
     seg_start = start
     acc_p = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc_q = tl.zeros([BLOCK_H], dtype=tl.float32)
+    if PREFETCH:
+        dy_next, x_next = _load_rows(dy_ptr, x_ptr, start, end, cols, cmask, H, TILE_S)
     for t0 in range(start, end, TILE_S):
         rows = t0 + tl.arange(0, TILE_S)
         rmask = rows < end
         m2 = rmask[:, None] & cmask[None, :]
         offs = rows[:, None] * H + cols[None, :]
-        dy = tl.load(dy_ptr + offs, mask=m2, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        x = tl.load(x_ptr + offs, mask=m2, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        if PREFETCH:  # this tile's rows were loaded one step ago; the next tile's loads start before its math
+            dy_raw, x_raw = dy_next, x_next
+            dy_next, x_next = _load_rows(dy_ptr, x_ptr, t0 + TILE_S, end, cols, cmask, H, TILE_S)
+        else:
+            dy_raw, x_raw = _load_rows(dy_ptr, x_ptr, t0, end, cols, cmask, H, TILE_S)
+        dy = dy_raw.to(tl.float32)
+        x = x_raw.to(tl.float32)
         rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
         xhat = x * rstd[:, None]
         ix = _load_ix(idx_ptr, rows, rmask, HAS_MOD)
@@ -326,7 +352,9 @@ def _rms_bwd(dy, x, weight, table, idx, rstd, shift_off, scale_off, need_x, need
     tab, ix, stride = (table, idx, table.stride(0)) if has_mod else (x, rstd, 0)
     _rms_bwd_kernel[(nc,)](dy, x, weight, tab, ix, rstd, dx, pp, pq, touched, S, H, R, stride, scale_off, chunk,
                            HAS_MOD=has_mod, NEED_DX=need_x, NEED_PARAMS=need_params, TILE_S=tile, BLOCK_H=block_h,
-                           BLOCK_CHUNK=triton.next_power_of_2(chunk), num_warps=_bwd_warps(tile, block_h))
+                           BLOCK_CHUNK=triton.next_power_of_2(chunk),
+                           PREFETCH=bool(MODULATE_BWD_PREFETCH if has_mod else RMS_NORM_BWD_PREFETCH),
+                           num_warps=_bwd_warps(tile, block_h))
     d_weight = d_table = None
     if need_params:
         d_weight = new_empty((H,), weight.dtype, x.device)

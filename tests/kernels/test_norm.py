@@ -139,10 +139,12 @@ def test_qk_norm_rope(S, NH, D, RD, dtype):
 # partials must never be read) and, at H=96 (16-row tiles), mix table rows inside tiles.
 RUNS = [(0, 40), (1, 3), (0, 25), (2, 50), (1, 82)]
 # Backward row chunks: the default (4 under the interpreter: runs cross chunk ends) and one chunk for all rows (every
-# run and revisit inside it).
+# run and revisit inside it); each backward's prefetch choice flipped (its other loop).
 NORM_SETTINGS = [
     pytest.param({}, id="default-chunks"),
     pytest.param(dict(NORM_BWD_CHUNKS=1), id="one-chunk"),
+    pytest.param(dict(MODULATE_BWD_PREFETCH=1 - norm.MODULATE_BWD_PREFETCH,
+                      RMS_NORM_BWD_PREFETCH=1 - norm.RMS_NORM_BWD_PREFETCH), id="prefetch-flipped"),
 ]
 
 
@@ -163,6 +165,21 @@ def test_rms_norm_modulate_table_row_runs(H, setting, monkeypatch):
     assert_close("rms_norm", torch.float32, "out", plain, pout)
     for name, c, t in zip(("x", "weight"), pgrads, ptgrads, strict=True):
         assert_close("rms_norm", torch.float32, f"grad:{name}", c, t)
+
+
+@pytest.mark.parametrize("H", [96, 4100], ids=["tiles-of-16", "tiles-of-1"])
+def test_norm_backward_prefetch_keeps_the_bytes(H, monkeypatch):
+    # The prefetch only moves where the loads are issued: every gradient of both norms keeps its bytes.
+    args, dy = modulate_args(sum(n for _, n in RUNS), H, 1, 6, torch.bfloat16, seed=5)
+    args[3] = torch.cat([torch.full((n,), r, dtype=torch.int64) for r, n in RUNS]).to(DEVICE)
+    plain_args = [args[0], args[1], EPS]
+    grads = {}
+    for prefetch in (0, 1):
+        monkeypatch.setattr(norm, "MODULATE_BWD_PREFETCH", prefetch)
+        monkeypatch.setattr(norm, "RMS_NORM_BWD_PREFETCH", prefetch)
+        grads[prefetch] = (run(norm.rms_norm_modulate, args, (0, 1, 2), dy, poison=True)[1]
+                           + run(norm.rms_norm, plain_args, (0, 1), dy, poison=True)[1])
+    assert all(same_bytes(a, b) for a, b in zip(grads[0], grads[1], strict=True))
 
 
 # ------------------------------------------------------------------------------- determinism, row independence
