@@ -57,8 +57,7 @@ def test_generation_gate_of_the_candidate(gated_tiny):
     failures = doc["failures"]
     if host_runs_onednn_bf16_gemms():
         assert failures == [], (failures, doc["worst_step"])
-    else:
-        assert "final/audio_latents" in failures, (failures, doc["worst_step"])
+    else:  # the finding's tensors may fail (other AVX2 CPUs may round elsewhere), and nothing else
         assert set(failures) <= {"final/audio_latents", f"step{STEPS - 2}/audio_velocity"}, failures
     assert doc["passed"] == doc["numerically_passed"] == (not failures)
     ratios = {t["name"]: t["ratio"] for t in outcome.verdict["tensors"]}
