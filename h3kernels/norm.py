@@ -70,7 +70,8 @@ NORM_BWD_CHUNKS = 4 if is_interpreting() else 132
 # program: the loop is latency-bound at one program per SM); 0: each tile's loads at its own step. Same bytes either
 # way. On an H100 at S=16384 (session 18, bench/results/h100-session18b-norm_sweep.log) it ran rms_norm's backward
 # in 0.222 ms against 0.258 (79% against 68% of copy) and rms_norm_modulate's in 0.313 against 0.306 ms: on for the
-# plain norm only. At 16 warps it spills 312 bytes with the modulation (240 without the prefetch), 208 without (152).
+# plain norm only. With the prefetch, at 16 warps, the modulated backward spills 312 bytes (240 without it) and
+# the plain one 208 (152 without it).
 RMS_NORM_BWD_PREFETCH = 1
 MODULATE_BWD_PREFETCH = 0
 # The finish kernel sums FINISH_BLOCK_P chunk partials per step over FINISH_BLOCK_H columns.
