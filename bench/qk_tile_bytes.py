@@ -32,11 +32,12 @@ def main() -> None:
     x, dy = (torch.randn(S, NH, D, generator=g).to(device) for _ in range(2))
     w = (1 + 0.1 * torch.randn(D, generator=g)).to(device)
     angles = (30 * torch.randn(S, RD // 2, generator=g)).repeat(1, 2).to(device)
+    cos, sin = angles.cos(), angles.sin()
     dx = {}
     for rows in (4, 8, 16):
         for per_tile in (0, 1):
             qk_module.QK_BWD_ROWS, qk_module.QK_BWD_ROPE_PER_TILE = rows, per_tile
-            dx[rows, per_tile] = backward_dx(x, w, angles.cos(), angles.sin(), dy)
+            dx[rows, per_tile] = backward_dx(x, w, cos, sin, dy)
     base = dx[8, 0]
     print(f"device {base.device}; against rows=8 per-row")
     for (rows, per_tile), value in dx.items():

@@ -317,6 +317,11 @@ def _bwd_warps(tile: int, block_h: int) -> int:
     return min(NORM_BWD_WARPS, 2 * num_warps_for(tile * block_h))
 
 
+def bwd_prefetch(has_mod: bool) -> bool:
+    """Whether the backward of the modulated (has_mod) or the plain norm loads a tile ahead."""
+    return bool(MODULATE_BWD_PREFETCH if has_mod else RMS_NORM_BWD_PREFETCH)
+
+
 def bwd_plan(S: int, H: int) -> tuple[int, int]:
     """(chunk rows, chunks) of the backward: depends on (S, H) and NORM_BWD_CHUNKS only."""
     tile = _row_plan(H)[1]
@@ -354,7 +359,7 @@ def _rms_bwd(dy, x, weight, table, idx, rstd, shift_off, scale_off, need_x, need
     _rms_bwd_kernel[(nc,)](dy, x, weight, tab, ix, rstd, dx, pp, pq, touched, S, H, R, stride, scale_off, chunk,
                            HAS_MOD=has_mod, NEED_DX=need_x, NEED_PARAMS=need_params, TILE_S=tile, BLOCK_H=block_h,
                            BLOCK_CHUNK=triton.next_power_of_2(chunk),
-                           PREFETCH=bool(MODULATE_BWD_PREFETCH if has_mod else RMS_NORM_BWD_PREFETCH),
+                           PREFETCH=bwd_prefetch(has_mod),
                            num_warps=_bwd_warps(tile, block_h))
     d_weight = d_table = None
     if need_params:

@@ -74,7 +74,7 @@ for wd in ("bf16", "fp32"):
                  dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, tab_ptr="fp32", idx_ptr="i64", rstd_ptr="fp32", dx_ptr=wd,
                       pp_ptr="fp32", pq_ptr="fp32", touched_ptr="i8"),
                  dict(HAS_MOD=mod, NEED_DX=dx, NEED_PARAMS=params, TILE_S=tile, BLOCK_H=bh, BLOCK_CHUNK=chunk,
-                      PREFETCH=bool(N.MODULATE_BWD_PREFETCH if mod else N.RMS_NORM_BWD_PREFETCH)),
+                      PREFETCH=N.bwd_prefetch(mod)),
                  N._bwd_warps(tile, bh))
         comp(f"rms_finish mod={mod} {wd}", N._rms_bwd_finish_kernel,
              dict(pp_ptr="fp32", pq_ptr="fp32", touched_ptr="i8", w_ptr=wd, tab_ptr="fp32", dw_ptr=wd,
