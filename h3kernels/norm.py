@@ -74,6 +74,16 @@ NORM_BWD_CHUNKS = 4 if is_interpreting() else 132
 # the plain one 208 (152 without it).
 RMS_NORM_BWD_PREFETCH = 1
 MODULATE_BWD_PREFETCH = 0
+# The forwards' columns. 1: a row of a width H that is not a power of two in two power-of-two pieces (4096 + 2048
+# lanes for H=5376, against one block of 8192: a quarter fewer registers); 0: one block. NORM_FWD_WARPS 0 picks
+# num_warps_for(the tile's lanes): 8 at H=5376. On the H200 at S=16384 (session 19,
+# bench/results/h200-session19-norm_fwd_sweep.log): the modulated forward ran in 0.122 ms split against 0.138 ms
+# in one block (68% against 60% of copy; 92 registers against 150 at 8 warps, so two programs per SM, not one), the
+# plain one in 0.104 against 0.093 ms (it has registers for two rows per SM either way): split for the modulated
+# norm only. 4 warps tied 8 for both (0.122 / 0.093 ms); 16 lost (0.160 / 0.094).
+MODULATE_FWD_SPLIT = 1
+RMS_NORM_FWD_SPLIT = 0
+NORM_FWD_WARPS = 0
 # The finish kernel sums FINISH_BLOCK_P chunk partials per step over FINISH_BLOCK_H columns.
 FINISH_BLOCK_H = 256
 
@@ -119,26 +129,45 @@ def _factor(w_ptr, tab_ptr, ix, tab_stride, scale_off, cols, cmask, HAS_MOD: tl.
 
 
 @triton.jit
-def _rms_fwd_kernel(x_ptr, w_ptr, tab_ptr, idx_ptr, y_ptr, rstd_ptr, S, H, tab_stride, shift_off, scale_off, eps,
-                    HAS_MOD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
-    rmask = rows < S
-    cols = tl.arange(0, BLOCK_H)
+def _fwd_piece(x, rstd, w_ptr, tab_ptr, ix, y_ptr, rows, rmask, cols, H, shift_off, scale_off,
+               HAS_MOD: tl.constexpr):
+    """y of one column piece of a tile: x (fp32, [TILE_S, piece]) times rstd, the weight and the modulation."""
     cmask = cols < H
     m2 = rmask[:, None] & cmask[None, :]
-    # Upcast at load: fp32 statistics (as torch's rms_norm) and no bf16 arithmetic in the interpreter.
-    x = tl.load(x_ptr + rows[:, None] * H + cols[None, :], mask=m2, other=0.0).to(tl.float32)
-    rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / H + eps)
     w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     y = x * rstd[:, None] * w[None, :]
     if HAS_MOD:
-        ix = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-        base = ix[:, None] * tab_stride + cols[None, :]
+        base = ix[:, None] + cols[None, :]
         scale = tl.load(tab_ptr + base + scale_off, mask=m2, other=0.0).to(tl.float32)
         shift = tl.load(tab_ptr + base + shift_off, mask=m2, other=0.0).to(tl.float32)
         y = y * (1.0 + scale) + shift
     # The one rounding of the op (diffusers rounds after the norm, the weight, 1+scale, the product and the sum).
     tl.store(y_ptr + rows[:, None] * H + cols[None, :], cast_rne(y, y_ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def _rms_fwd_kernel(x_ptr, w_ptr, tab_ptr, idx_ptr, y_ptr, rstd_ptr, S, H, tab_stride, shift_off, scale_off, eps,
+                    HAS_MOD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
+    """One tile of BLOCK_S rows; a row's columns in a piece of BLOCK_A and, when BLOCK_B > 0, one of BLOCK_B after it."""
+    rows = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    rmask = rows < S
+    cols_a = tl.arange(0, BLOCK_A)
+    # Upcast at load: fp32 statistics (as torch's rms_norm) and no bf16 arithmetic in the interpreter.
+    xa = tl.load(x_ptr + rows[:, None] * H + cols_a[None, :], mask=rmask[:, None] & (cols_a < H)[None, :],
+                 other=0.0).to(tl.float32)
+    sumsq = tl.sum(xa * xa, axis=1)
+    if BLOCK_B > 0:
+        cols_b = BLOCK_A + tl.arange(0, BLOCK_B)
+        xb = tl.load(x_ptr + rows[:, None] * H + cols_b[None, :], mask=rmask[:, None] & (cols_b < H)[None, :],
+                     other=0.0).to(tl.float32)
+        sumsq += tl.sum(xb * xb, axis=1)
+    rstd = tl.math.rsqrt(sumsq / H + eps)
+    ix = tl.zeros([BLOCK_S], dtype=tl.int64)
+    if HAS_MOD:
+        ix = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64) * tab_stride
+    _fwd_piece(xa, rstd, w_ptr, tab_ptr, ix, y_ptr, rows, rmask, cols_a, H, shift_off, scale_off, HAS_MOD)
+    if BLOCK_B > 0:
+        _fwd_piece(xb, rstd, w_ptr, tab_ptr, ix, y_ptr, rows, rmask, cols_b, H, shift_off, scale_off, HAS_MOD)
     tl.store(rstd_ptr + rows, rstd, mask=rmask)
 
 
@@ -312,6 +341,18 @@ def _row_plan(H: int) -> tuple[int, int]:
     return block_h, row_tile(block_h)
 
 
+def fwd_plan(H: int, has_mod: bool) -> tuple[int, int, int, int]:
+    """(BLOCK_A, BLOCK_B, TILE_S, warps) of the modulated (has_mod) or the plain forward: a row's columns in one or
+    two power-of-two pieces."""
+    block_a = triton.next_power_of_2(H)
+    block_b = 0
+    if (MODULATE_FWD_SPLIT if has_mod else RMS_NORM_FWD_SPLIT) and block_a != H:
+        block_a //= 2
+        block_b = triton.next_power_of_2(H - block_a)
+    tile = row_tile(triton.next_power_of_2(block_a + block_b))
+    return block_a, block_b, tile, NORM_FWD_WARPS or num_warps_for(tile * (block_a + block_b))
+
+
 def _bwd_warps(tile: int, block_h: int) -> int:
     """Twice the forward's warps (the backward holds about twice the fp32 values per row), at most NORM_BWD_WARPS."""
     return min(NORM_BWD_WARPS, 2 * num_warps_for(tile * block_h))
@@ -334,11 +375,11 @@ def _rms_fwd(x, weight, table, idx, shift_off, scale_off, eps):
     has_mod = table is not None
     y = new_empty((S, H), x.dtype, x.device)
     rstd = new_empty((S,), torch.float32, x.device)
-    block_h, tile = _row_plan(H)
+    block_a, block_b, tile, warps = fwd_plan(H, has_mod)
     _rms_fwd_kernel[(triton.cdiv(S, tile),)](x, weight, table if has_mod else x, idx if has_mod else rstd, y, rstd,
                                              S, H, table.stride(0) if has_mod else 0, shift_off, scale_off, eps,
-                                             HAS_MOD=has_mod, BLOCK_S=tile, BLOCK_H=block_h,
-                                             num_warps=num_warps_for(tile * block_h))
+                                             HAS_MOD=has_mod, BLOCK_S=tile, BLOCK_A=block_a, BLOCK_B=block_b,
+                                             num_warps=warps)
     return y, rstd
 
 

@@ -66,9 +66,10 @@ for wd in ("bf16", "fp32"):
         comp(f"finish silu={silu} {wd}", M._finish_kernel, dict(part_ptr="fp32", out_ptr=wd, aux_ptr="fp32"),
              dict(SILU_GRAD=silu, BLOCK_P=M.FINISH_BLOCK_P, BLOCK_N=M.FINISH_BLOCK_N), 4)
     for mod in (True, False):
+        fa, fb, ftile, fwarps = N.fwd_plan(5376, mod)
         comp(f"rms_fwd mod={mod} {wd}", N._rms_fwd_kernel,
              dict(x_ptr=wd, w_ptr=wd, tab_ptr="fp32", idx_ptr="i64", y_ptr=wd, rstd_ptr="fp32"),
-             dict(HAS_MOD=mod, BLOCK_S=tile, BLOCK_H=bh), num_warps_for(tile * bh))
+             dict(HAS_MOD=mod, BLOCK_S=ftile, BLOCK_A=fa, BLOCK_B=fb), fwarps)
         for dx, params in ((True, True), (True, False), (False, True)):
             comp(f"rms_bwd mod={mod} dx={dx} params={params} {wd}", N._rms_bwd_kernel,
                  dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, tab_ptr="fp32", idx_ptr="i64", rstd_ptr="fp32", dx_ptr=wd,
