@@ -1,6 +1,6 @@
 """Launch constants of h3kernels' row-wise kernels, timed at the real width: which values their defaults get.
 
-    python bench/knob_sweep.py [--ops norm,norm_fwd,qk_norm_rope,gated_residual] [--seqlen 16384] [--json $OUT/sweep.json]
+    python bench/knob_sweep.py [--ops norm,norm_bwd,norm_fwd,qk_norm_rope,gated_residual] [--seqlen 16384] [--json $OUT/sweep.json]
     python bench/knob_sweep.py --ops gated_residual --setting residual.GATED_WARPS=4 --setting residual.GATED_WARPS=8
     python bench/knob_sweep.py --smoke                                         # CPU, TRITON_INTERPRET=1
 
@@ -69,6 +69,12 @@ KNOBS: dict[str, tuple[tuple[str, ...], Any, dict[str, Any]]] = {
     "norm": (("norm_modulate", "norm"),
              lambda: _grid(**{"norm.NORM_BWD_WARPS": (8, 16, 32), "norm.NORM_BWD_CHUNKS": (100, 132, 200, 264)}),
              {"norm.NORM_BWD_WARPS": 4, "norm.NORM_BWD_CHUNKS": 3}),
+    "norm_bwd": (("norm_modulate", "norm"),
+                 lambda: [{"norm.MODULATE_BWD_SPLIT": s, "norm.RMS_NORM_BWD_SPLIT": s, "norm.MODULATE_BWD_PREFETCH": p,
+                           "norm.RMS_NORM_BWD_PREFETCH": p, "norm.NORM_BWD_WARPS": w}
+                          for s, p, w in itertools.product((0, 1), (0, 1), (8, 16))],
+                 {"norm.MODULATE_BWD_SPLIT": 0, "norm.RMS_NORM_BWD_SPLIT": 1, "norm.MODULATE_BWD_PREFETCH": 1,
+                  "norm.RMS_NORM_BWD_PREFETCH": 0, "norm.NORM_BWD_WARPS": 2}),
     "norm_fwd": (("norm_modulate", "norm"),
                  lambda: [{"norm.MODULATE_FWD_SPLIT": s, "norm.RMS_NORM_FWD_SPLIT": s, "norm.NORM_FWD_WARPS": w}
                           for s, w in itertools.product((0, 1), (4, 8, 16))],

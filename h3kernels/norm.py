@@ -50,8 +50,9 @@ from h3kernels._common import (
 from h3kernels.modulation import FINISH_BLOCK_P
 from h3kernels.qk_norm_rope import qk_norm_rope
 
-# Every kernel holds whole rows (BLOCK_H = next_pow2(H): 8192 for H=5376) in tiles of `row_tile` rows (1 at the
-# real width, up to 16 at narrow widths). The forward runs one tile per program and reads its table rows per row.
+# Every kernel holds whole rows in tiles of `row_tile` rows (1 at the real width, up to 16 at narrow widths), a row's
+# columns in two power-of-two pieces (`_pieces`: one block of next_pow2(H) = 8192 for H=5376 plus one masked lane,
+# or, split, 4096 + 2048). The forward runs one tile per program and reads its table rows per row.
 # The backward runs one program per row chunk of about S / NORM_BWD_CHUNKS rows (a multiple of the tile; it depends
 # on S and this constant only, which fixes the parameter-gradient reduction order for a shape), looping over its
 # tiles at NORM_BWD_WARPS warps; it keeps the scale factor of the last table row it met in registers (packed rows
@@ -74,7 +75,7 @@ NORM_BWD_CHUNKS = 4 if is_interpreting() else 132
 # the plain one 208 (152 without it).
 RMS_NORM_BWD_PREFETCH = 1
 MODULATE_BWD_PREFETCH = 0
-# The forwards' columns. 1: a row of a width H that is not a power of two in two power-of-two pieces (4096 + 2048
+# The columns (`_pieces`). 1: a row of a width H that is not a power of two in two power-of-two pieces (4096 + 2048
 # lanes for H=5376, against one block of 8192: a quarter fewer registers); 0: one block. NORM_FWD_WARPS 0 picks
 # num_warps_for(the tile's lanes): 8 at H=5376. On the H200 at S=16384 (session 19,
 # bench/results/h200-session19-norm_fwd_sweep.log): the modulated forward ran in 0.122 ms split against 0.138 ms
@@ -84,6 +85,9 @@ MODULATE_BWD_PREFETCH = 0
 MODULATE_FWD_SPLIT = 1
 RMS_NORM_FWD_SPLIT = 0
 NORM_FWD_WARPS = 0
+# The backwards' columns: not yet timed.
+MODULATE_BWD_SPLIT = 1
+RMS_NORM_BWD_SPLIT = 1
 # The finish kernel sums FINISH_BLOCK_P chunk partials per step over FINISH_BLOCK_H columns.
 FINISH_BLOCK_H = 256
 
@@ -115,7 +119,8 @@ def _load_ix(idx_ptr, rows, rmask, HAS_MOD: tl.constexpr):
 @triton.jit
 def _factor(w_ptr, tab_ptr, ix, tab_stride, scale_off, cols, cmask, HAS_MOD: tl.constexpr):
     """weight * (1 + table[ix, scale]) in fp32 (the weight alone without modulation), the per-column factor of
-    xhat. `ix` is one table row (a [BLOCK_H] result) or a tile's rows (a [TILE_S, BLOCK_H] result, the same bits)."""
+    xhat at columns `cols`. `ix` is one table row (a [piece] result) or a tile's rows (a [TILE_S, piece] result, the
+    same bits)."""
     w = tl.load(w_ptr + cols, mask=cmask, other=0.0, eviction_policy="evict_last").to(tl.float32)
     if HAS_MOD:
         if len(ix.shape) == 0:
@@ -148,26 +153,22 @@ def _fwd_piece(x, rstd, w_ptr, tab_ptr, ix, y_ptr, rows, rmask, cols, H, shift_o
 @triton.jit
 def _rms_fwd_kernel(x_ptr, w_ptr, tab_ptr, idx_ptr, y_ptr, rstd_ptr, S, H, tab_stride, shift_off, scale_off, eps,
                     HAS_MOD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
-    """One tile of BLOCK_S rows; a row's columns in a piece of BLOCK_A and, when BLOCK_B > 0, one of BLOCK_B after it."""
+    """One tile of BLOCK_S rows; a row's columns in two pieces, [0, BLOCK_A) and the BLOCK_B after it."""
     rows = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     rmask = rows < S
     cols_a = tl.arange(0, BLOCK_A)
     # Upcast at load: fp32 statistics (as torch's rms_norm) and no bf16 arithmetic in the interpreter.
     xa = tl.load(x_ptr + rows[:, None] * H + cols_a[None, :], mask=rmask[:, None] & (cols_a < H)[None, :],
                  other=0.0).to(tl.float32)
-    sumsq = tl.sum(xa * xa, axis=1)
-    if BLOCK_B > 0:
-        cols_b = BLOCK_A + tl.arange(0, BLOCK_B)
-        xb = tl.load(x_ptr + rows[:, None] * H + cols_b[None, :], mask=rmask[:, None] & (cols_b < H)[None, :],
-                     other=0.0).to(tl.float32)
-        sumsq += tl.sum(xb * xb, axis=1)
-    rstd = tl.math.rsqrt(sumsq / H + eps)
+    cols_b = BLOCK_A + tl.arange(0, BLOCK_B)
+    xb = tl.load(x_ptr + rows[:, None] * H + cols_b[None, :], mask=rmask[:, None] & (cols_b < H)[None, :],
+                 other=0.0).to(tl.float32)
+    rstd = tl.math.rsqrt((tl.sum(xa * xa, axis=1) + tl.sum(xb * xb, axis=1)) / H + eps)
     ix = tl.zeros([BLOCK_S], dtype=tl.int64)
     if HAS_MOD:
         ix = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64) * tab_stride
     _fwd_piece(xa, rstd, w_ptr, tab_ptr, ix, y_ptr, rows, rmask, cols_a, H, shift_off, scale_off, HAS_MOD)
-    if BLOCK_B > 0:
-        _fwd_piece(xb, rstd, w_ptr, tab_ptr, ix, y_ptr, rows, rmask, cols_b, H, shift_off, scale_off, HAS_MOD)
+    _fwd_piece(xb, rstd, w_ptr, tab_ptr, ix, y_ptr, rows, rmask, cols_b, H, shift_off, scale_off, HAS_MOD)
     tl.store(rstd_ptr + rows, rstd, mask=rmask)
 
 
@@ -195,60 +196,85 @@ def _seen_before(idx_ptr, start, pos, r, HAS_MOD: tl.constexpr, BLOCK_CHUNK: tl.
 
 
 @triton.jit
-def _flush(pp_ptr, pq_ptr, idx_ptr, c, R, H, r, start, seg_start, part_p, part_q, cols, cmask,
-           HAS_MOD: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
-    """pp[c, r] = part_p (pq[c, r] = part_q) on the chunk's first rows of table row r; += on a later run of it."""
-    offs = (c * R + r).to(tl.int64) * H + cols
-    if _seen_before(idx_ptr, start, seg_start, r, HAS_MOD, BLOCK_CHUNK):
+def _flush_piece(pp_ptr, pq_ptr, row_off, seen, part_p, part_q, cols, H, HAS_MOD: tl.constexpr):
+    cmask = cols < H
+    if seen:
         tl.debug_barrier()  # this program's earlier store of the row is visible to all its threads
-        part_p += tl.load(pp_ptr + offs, mask=cmask, other=0.0)
+        part_p += tl.load(pp_ptr + row_off + cols, mask=cmask, other=0.0)
         if HAS_MOD:
-            part_q += tl.load(pq_ptr + offs, mask=cmask, other=0.0)
-    tl.store(pp_ptr + offs, part_p, mask=cmask)
+            part_q += tl.load(pq_ptr + row_off + cols, mask=cmask, other=0.0)
+    tl.store(pp_ptr + row_off + cols, part_p, mask=cmask)
     if HAS_MOD:
-        tl.store(pq_ptr + offs, part_q, mask=cmask)
+        tl.store(pq_ptr + row_off + cols, part_q, mask=cmask)
+
+
+@triton.jit
+def _flush(pp_ptr, pq_ptr, idx_ptr, c, R, H, r, start, seg_start, pa, qa, cols_a, pb, qb, cols_b,
+           HAS_MOD: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
+    """pp[c, r] = (pa, pb) (pq[c, r] = (qa, qb)), a row's two column pieces, on the chunk's first rows of table row
+    r; += on a later run of it."""
+    row_off = (c * R + r).to(tl.int64) * H
+    seen = _seen_before(idx_ptr, start, seg_start, r, HAS_MOD, BLOCK_CHUNK)
+    _flush_piece(pp_ptr, pq_ptr, row_off, seen, pa, qa, cols_a, H, HAS_MOD)
+    _flush_piece(pp_ptr, pq_ptr, row_off, seen, pb, qb, cols_b, H, HAS_MOD)
+
+
+@triton.jit
+def _store_dx(dx_ptr, rows, rmask, cols, H, rstd, g, xhat, dot):
+    """dx = rstd * (g - xhat * dot) of one column piece of a tile, rounded once to dx's dtype."""
+    dx = rstd[:, None] * (g - xhat * dot[:, None])
+    tl.store(dx_ptr + rows[:, None] * H + cols[None, :], cast_rne(dx, dx_ptr.dtype.element_ty),
+             mask=rmask[:, None] & (cols < H)[None, :])
 
 
 @triton.jit
 def _rms_bwd_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_ptr, pp_ptr, pq_ptr, touched_ptr,
                     S, H, R, tab_stride, scale_off, chunk_rows,
                     HAS_MOD: tl.constexpr, NEED_DX: tl.constexpr, NEED_PARAMS: tl.constexpr,
-                    TILE_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
+                    TILE_S: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_CHUNK: tl.constexpr,
                     PREFETCH: tl.constexpr):
     """dx of chunk c's rows, and the chunk's partials pp[c, r] = sum of dy * xhat over its rows of table row r,
     pq[c, r] the same of dy (HAS_MOD), with touched[c, r] = 1 where the chunk has rows of table row r.
 
-    One pass over dy and x. The partials of the current run of one table row accumulate in registers ([BLOCK_H]
-    fp32, tile sums in row order) and are flushed when the run ends; a tile that mixes table rows (TILE_S > 1
-    only) adds its masked sums per table row, in table-row order. Untouched partials are never written or read.
+    A row's columns are two pieces (suffix _a: [0, BLOCK_A), _b: the BLOCK_B after it), each its own tensors. One
+    pass over dy and x. The partials of the current run of one table row accumulate in registers (fp32, tile sums
+    in row order) and are flushed when the run ends; a tile that mixes table rows (TILE_S > 1 only) adds its masked
+    sums per table row, in table-row order. Untouched partials are never written or read.
     """
     c = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_H)
-    cmask = cols < H
+    cols_a = tl.arange(0, BLOCK_A)
+    cols_b = BLOCK_A + tl.arange(0, BLOCK_B)
+    cmask_a = cols_a < H
+    cmask_b = cols_b < H
     start = c * chunk_rows
     end = tl.minimum(start + chunk_rows, S)
     cached = tl.full([], -1, tl.int32)  # the table row whose factor is in registers
-    factor = _factor(w_ptr, tab_ptr, cached, tab_stride, scale_off, cols, cmask, False)
+    fa = _factor(w_ptr, tab_ptr, cached, tab_stride, scale_off, cols_a, cmask_a, False)
+    fb = _factor(w_ptr, tab_ptr, cached, tab_stride, scale_off, cols_b, cmask_b, False)
     seg = tl.full([], -1, tl.int32)  # the table row of the open run (-1: none)
     seg_start = start
-    acc_p = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc_q = tl.zeros([BLOCK_H], dtype=tl.float32)
+    pa = tl.zeros([BLOCK_A], dtype=tl.float32)
+    qa = tl.zeros([BLOCK_A], dtype=tl.float32)
+    pb = tl.zeros([BLOCK_B], dtype=tl.float32)
+    qb = tl.zeros([BLOCK_B], dtype=tl.float32)
     if PREFETCH:
-        dy_next, x_next = _load_rows(dy_ptr, x_ptr, start, end, cols, cmask, H, TILE_S)
+        dya_next, xa_next = _load_rows(dy_ptr, x_ptr, start, end, cols_a, cmask_a, H, TILE_S)
+        dyb_next, xb_next = _load_rows(dy_ptr, x_ptr, start, end, cols_b, cmask_b, H, TILE_S)
     for t0 in range(start, end, TILE_S):
         rows = t0 + tl.arange(0, TILE_S)
         rmask = rows < end
-        m2 = rmask[:, None] & cmask[None, :]
-        offs = rows[:, None] * H + cols[None, :]
         if PREFETCH:  # this tile's rows were loaded one step ago; the next tile's loads start before its math
-            dy_raw, x_raw = dy_next, x_next
-            dy_next, x_next = _load_rows(dy_ptr, x_ptr, t0 + TILE_S, end, cols, cmask, H, TILE_S)
+            dya_raw, xa_raw, dyb_raw, xb_raw = dya_next, xa_next, dyb_next, xb_next
+            dya_next, xa_next = _load_rows(dy_ptr, x_ptr, t0 + TILE_S, end, cols_a, cmask_a, H, TILE_S)
+            dyb_next, xb_next = _load_rows(dy_ptr, x_ptr, t0 + TILE_S, end, cols_b, cmask_b, H, TILE_S)
         else:
-            dy_raw, x_raw = _load_rows(dy_ptr, x_ptr, t0, end, cols, cmask, H, TILE_S)
-        dy = dy_raw.to(tl.float32)
-        x = x_raw.to(tl.float32)
+            dya_raw, xa_raw = _load_rows(dy_ptr, x_ptr, t0, end, cols_a, cmask_a, H, TILE_S)
+            dyb_raw, xb_raw = _load_rows(dy_ptr, x_ptr, t0, end, cols_b, cmask_b, H, TILE_S)
+        dya = dya_raw.to(tl.float32)
+        dyb = dyb_raw.to(tl.float32)
         rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
-        xhat = x * rstd[:, None]
+        xha = xa_raw.to(tl.float32) * rstd[:, None]
+        xhb = xb_raw.to(tl.float32) * rstd[:, None]
         ix = _load_ix(idx_ptr, rows, rmask, HAS_MOD)
         row = _tile_row(ix, rmask)
         if TILE_S == 1:
@@ -258,42 +284,52 @@ def _rms_bwd_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_ptr, pp
         if NEED_DX:
             if uniform:
                 if row != cached:
-                    factor = _factor(w_ptr, tab_ptr, row, tab_stride, scale_off, cols, cmask, HAS_MOD)
+                    fa = _factor(w_ptr, tab_ptr, row, tab_stride, scale_off, cols_a, cmask_a, HAS_MOD)
+                    fb = _factor(w_ptr, tab_ptr, row, tab_stride, scale_off, cols_b, cmask_b, HAS_MOD)
                     cached = row
-                g = dy * factor[None, :]  # the gradient w.r.t. xhat
+                ga = dya * fa[None, :]  # the gradient w.r.t. xhat
+                gb = dyb * fb[None, :]
             else:
-                g = dy * _factor(w_ptr, tab_ptr, ix, tab_stride, scale_off, cols, cmask, HAS_MOD)
-            dot = tl.sum(g * xhat, axis=1) / H
-            dx = rstd[:, None] * (g - xhat * dot[:, None])
-            tl.store(dx_ptr + offs, cast_rne(dx, dx_ptr.dtype.element_ty), mask=m2)
+                ga = dya * _factor(w_ptr, tab_ptr, ix, tab_stride, scale_off, cols_a, cmask_a, HAS_MOD)
+                gb = dyb * _factor(w_ptr, tab_ptr, ix, tab_stride, scale_off, cols_b, cmask_b, HAS_MOD)
+            dot = (tl.sum(ga * xha, axis=1) + tl.sum(gb * xhb, axis=1)) / H
+            _store_dx(dx_ptr, rows, rmask, cols_a, H, rstd, ga, xha, dot)
+            _store_dx(dx_ptr, rows, rmask, cols_b, H, rstd, gb, xhb, dot)
         if NEED_PARAMS:
-            dyx = dy * xhat
+            dyxa = dya * xha
+            dyxb = dyb * xhb
             if uniform:
                 if row != seg:
                     if seg >= 0:
-                        _flush(pp_ptr, pq_ptr, idx_ptr, c, R, H, seg, start, seg_start, acc_p, acc_q, cols, cmask,
-                               HAS_MOD, BLOCK_CHUNK)
-                    acc_p = tl.zeros([BLOCK_H], dtype=tl.float32)
-                    acc_q = tl.zeros([BLOCK_H], dtype=tl.float32)
+                        _flush(pp_ptr, pq_ptr, idx_ptr, c, R, H, seg, start, seg_start, pa, qa, cols_a, pb, qb,
+                               cols_b, HAS_MOD, BLOCK_CHUNK)
+                    pa = tl.zeros([BLOCK_A], dtype=tl.float32)
+                    qa = tl.zeros([BLOCK_A], dtype=tl.float32)
+                    pb = tl.zeros([BLOCK_B], dtype=tl.float32)
+                    qb = tl.zeros([BLOCK_B], dtype=tl.float32)
                     seg = row
                     seg_start = t0
-                acc_p += tl.sum(dyx, axis=0)
+                pa += tl.sum(dyxa, axis=0)
+                pb += tl.sum(dyxb, axis=0)
                 if HAS_MOD:
-                    acc_q += tl.sum(dy, axis=0)
+                    qa += tl.sum(dya, axis=0)
+                    qb += tl.sum(dyb, axis=0)
             else:
                 if seg >= 0:
-                    _flush(pp_ptr, pq_ptr, idx_ptr, c, R, H, seg, start, seg_start, acc_p, acc_q, cols, cmask,
+                    _flush(pp_ptr, pq_ptr, idx_ptr, c, R, H, seg, start, seg_start, pa, qa, cols_a, pb, qb, cols_b,
                            HAS_MOD, BLOCK_CHUNK)
                 seg = tl.full([], -1, tl.int32)
                 for r in range(R):
                     sel = (ix == r) & rmask
                     if tl.max(sel.to(tl.int32), axis=0) > 0:
                         _flush(pp_ptr, pq_ptr, idx_ptr, c, R, H, r, start, t0,
-                               tl.sum(tl.where(sel[:, None], dyx, 0.0), axis=0),
-                               tl.sum(tl.where(sel[:, None], dy, 0.0), axis=0), cols, cmask, HAS_MOD, BLOCK_CHUNK)
+                               tl.sum(tl.where(sel[:, None], dyxa, 0.0), axis=0),
+                               tl.sum(tl.where(sel[:, None], dya, 0.0), axis=0), cols_a,
+                               tl.sum(tl.where(sel[:, None], dyxb, 0.0), axis=0),
+                               tl.sum(tl.where(sel[:, None], dyb, 0.0), axis=0), cols_b, HAS_MOD, BLOCK_CHUNK)
     if NEED_PARAMS:
         if seg >= 0:
-            _flush(pp_ptr, pq_ptr, idx_ptr, c, R, H, seg, start, seg_start, acc_p, acc_q, cols, cmask,
+            _flush(pp_ptr, pq_ptr, idx_ptr, c, R, H, seg, start, seg_start, pa, qa, cols_a, pb, qb, cols_b,
                    HAS_MOD, BLOCK_CHUNK)
         lanes = start + tl.arange(0, BLOCK_CHUNK)
         cix = tl.where(lanes < end, _load_ix(idx_ptr, lanes, lanes < end, HAS_MOD), -1)
@@ -335,37 +371,44 @@ def _rms_bwd_finish_kernel(pp_ptr, pq_ptr, touched_ptr, w_ptr, tab_ptr, dw_ptr, 
 # ----------------------------------------------------------------------------------------------- launchers
 
 
-def _row_plan(H: int) -> tuple[int, int]:
-    """(BLOCK_H, TILE_S) for rows of width H."""
-    block_h = triton.next_power_of_2(H)
-    return block_h, row_tile(block_h)
+def _pieces(H: int, split: int) -> tuple[int, int]:
+    """(BLOCK_A, BLOCK_B), the two power-of-two column pieces of a row of width H.
+
+    Split: half of next_pow2(H) and the power of two that covers the rest (4096 + 2048 for H=5376). Not split, or H
+    a power of two: one block of next_pow2(H) and a second piece of one lane past H, which every access masks.
+    """
+    block = triton.next_power_of_2(H)
+    if not split or block == H:
+        return block, 1
+    return block // 2, triton.next_power_of_2(H - block // 2)
 
 
-def fwd_plan(H: int, has_mod: bool) -> tuple[int, int, int, int]:
-    """(BLOCK_A, BLOCK_B, TILE_S, warps) of the modulated (has_mod) or the plain forward: a row's columns in one or
-    two power-of-two pieces."""
-    block_a = triton.next_power_of_2(H)
-    block_b = 0
-    if (MODULATE_FWD_SPLIT if has_mod else RMS_NORM_FWD_SPLIT) and block_a != H:
-        block_a //= 2
-        block_b = triton.next_power_of_2(H - block_a)
-    tile = row_tile(triton.next_power_of_2(block_a + block_b))
-    return block_a, block_b, tile, NORM_FWD_WARPS or num_warps_for(tile * (block_a + block_b))
+def _tile(H: int) -> int:
+    """Rows per tile (the same split or not: the pieces never cover more than next_pow2(H) columns)."""
+    return row_tile(triton.next_power_of_2(H))
 
 
-def _bwd_warps(tile: int, block_h: int) -> int:
-    """Twice the forward's warps (the backward holds about twice the fp32 values per row), at most NORM_BWD_WARPS."""
-    return min(NORM_BWD_WARPS, 2 * num_warps_for(tile * block_h))
+def fwd_launch(H: int, has_mod: bool) -> dict[str, int]:
+    """The forward's launch constants for the modulated (has_mod) or the plain norm at width H."""
+    block_a, block_b = _pieces(H, MODULATE_FWD_SPLIT if has_mod else RMS_NORM_FWD_SPLIT)
+    tile = _tile(H)
+    return dict(BLOCK_S=tile, BLOCK_A=block_a, BLOCK_B=block_b,
+                num_warps=NORM_FWD_WARPS or num_warps_for(tile * (block_a + block_b)))
 
 
-def bwd_prefetch(has_mod: bool) -> bool:
-    """Whether the backward of the modulated (has_mod) or the plain norm loads a tile ahead."""
-    return bool(MODULATE_BWD_PREFETCH if has_mod else RMS_NORM_BWD_PREFETCH)
+def bwd_launch(H: int, has_mod: bool) -> dict[str, int]:
+    """The backward's launch constants but BLOCK_CHUNK: twice the forward's warps (it holds about twice the fp32
+    values per row), at most NORM_BWD_WARPS."""
+    block_a, block_b = _pieces(H, MODULATE_BWD_SPLIT if has_mod else RMS_NORM_BWD_SPLIT)
+    tile = _tile(H)
+    return dict(TILE_S=tile, BLOCK_A=block_a, BLOCK_B=block_b,
+                PREFETCH=MODULATE_BWD_PREFETCH if has_mod else RMS_NORM_BWD_PREFETCH,
+                num_warps=min(NORM_BWD_WARPS, 2 * num_warps_for(tile * (block_a + block_b))))
 
 
 def bwd_plan(S: int, H: int) -> tuple[int, int]:
     """(chunk rows, chunks) of the backward: depends on (S, H) and NORM_BWD_CHUNKS only."""
-    tile = _row_plan(H)[1]
+    tile = _tile(H)
     rows = tile * triton.cdiv(triton.cdiv(S, tile), NORM_BWD_CHUNKS)
     return rows, triton.cdiv(S, rows)
 
@@ -375,11 +418,11 @@ def _rms_fwd(x, weight, table, idx, shift_off, scale_off, eps):
     has_mod = table is not None
     y = new_empty((S, H), x.dtype, x.device)
     rstd = new_empty((S,), torch.float32, x.device)
-    block_a, block_b, tile, warps = fwd_plan(H, has_mod)
-    _rms_fwd_kernel[(triton.cdiv(S, tile),)](x, weight, table if has_mod else x, idx if has_mod else rstd, y, rstd,
-                                             S, H, table.stride(0) if has_mod else 0, shift_off, scale_off, eps,
-                                             HAS_MOD=has_mod, BLOCK_S=tile, BLOCK_A=block_a, BLOCK_B=block_b,
-                                             num_warps=warps)
+    launch = fwd_launch(H, has_mod)
+    _rms_fwd_kernel[(triton.cdiv(S, launch["BLOCK_S"]),)](x, weight, table if has_mod else x,
+                                                          idx if has_mod else rstd, y, rstd, S, H,
+                                                          table.stride(0) if has_mod else 0, shift_off, scale_off,
+                                                          eps, HAS_MOD=has_mod, **launch)
     return y, rstd
 
 
@@ -388,7 +431,6 @@ def _rms_bwd(dy, x, weight, table, idx, rstd, shift_off, scale_off, need_x, need
     has_mod = table is not None
     need_params = need_w or need_t
     R = table.shape[0] if has_mod else 1
-    block_h, tile = _row_plan(H)
     chunk, nc = bwd_plan(S, H)
     dx = new_empty((S, H), x.dtype, x.device) if need_x else dy
     pp = pq = touched = rstd
@@ -398,10 +440,8 @@ def _rms_bwd(dy, x, weight, table, idx, rstd, shift_off, scale_off, need_x, need
         touched = new_empty((nc, R), torch.int8, x.device)
     tab, ix, stride = (table, idx, table.stride(0)) if has_mod else (x, rstd, 0)
     _rms_bwd_kernel[(nc,)](dy, x, weight, tab, ix, rstd, dx, pp, pq, touched, S, H, R, stride, scale_off, chunk,
-                           HAS_MOD=has_mod, NEED_DX=need_x, NEED_PARAMS=need_params, TILE_S=tile, BLOCK_H=block_h,
-                           BLOCK_CHUNK=triton.next_power_of_2(chunk),
-                           PREFETCH=bwd_prefetch(has_mod),
-                           num_warps=_bwd_warps(tile, block_h))
+                           HAS_MOD=has_mod, NEED_DX=need_x, NEED_PARAMS=need_params,
+                           BLOCK_CHUNK=triton.next_power_of_2(chunk), **bwd_launch(H, has_mod))
     d_weight = d_table = None
     if need_params:
         d_weight = new_empty((H,), weight.dtype, x.device)

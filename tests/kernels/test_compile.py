@@ -47,7 +47,6 @@ def comp(name, fn, ptrs, const, warps):
     m = re.search(r"REG:(\d+).*?STACK:(\d+)", usage)
     out[name] = {"regs": int(m.group(1)), "stack": int(m.group(2))} if m else {"error": "no resource usage"}
 
-bh, tile = N._row_plan(5376)  # the real width: 8192 columns, 1-row tiles
 chunk = triton.next_power_of_2(N.bwd_plan(16384, 5376)[0])
 seg = dict(CHUNK_S=256, TILE_S=M.SEG_TILE_S, BLOCK_H=M.SEG_BLOCK_H, BLOCK_R=16)
 gated_chunk, gated_tile, _, _ = Rz.bwd_plan(16384, 16)
@@ -65,18 +64,17 @@ for wd in ("bf16", "fp32"):
     for silu in (True, False):
         comp(f"finish silu={silu} {wd}", M._finish_kernel, dict(part_ptr="fp32", out_ptr=wd, aux_ptr="fp32"),
              dict(SILU_GRAD=silu, BLOCK_P=M.FINISH_BLOCK_P, BLOCK_N=M.FINISH_BLOCK_N), 4)
-    for mod in (True, False):
-        fa, fb, ftile, fwarps = N.fwd_plan(5376, mod)
+    for mod in (True, False):  # the real width, H=5376: 1-row tiles
+        fwd, bwd = N.fwd_launch(5376, mod), N.bwd_launch(5376, mod)
+        fwd_warps, bwd_warps = fwd.pop("num_warps"), bwd.pop("num_warps")
         comp(f"rms_fwd mod={mod} {wd}", N._rms_fwd_kernel,
              dict(x_ptr=wd, w_ptr=wd, tab_ptr="fp32", idx_ptr="i64", y_ptr=wd, rstd_ptr="fp32"),
-             dict(HAS_MOD=mod, BLOCK_S=ftile, BLOCK_A=fa, BLOCK_B=fb), fwarps)
+             dict(HAS_MOD=mod, **fwd), fwd_warps)
         for dx, params in ((True, True), (True, False), (False, True)):
             comp(f"rms_bwd mod={mod} dx={dx} params={params} {wd}", N._rms_bwd_kernel,
                  dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, tab_ptr="fp32", idx_ptr="i64", rstd_ptr="fp32", dx_ptr=wd,
                       pp_ptr="fp32", pq_ptr="fp32", touched_ptr="i8"),
-                 dict(HAS_MOD=mod, NEED_DX=dx, NEED_PARAMS=params, TILE_S=tile, BLOCK_H=bh, BLOCK_CHUNK=chunk,
-                      PREFETCH=N.bwd_prefetch(mod)),
-                 N._bwd_warps(tile, bh))
+                 dict(HAS_MOD=mod, NEED_DX=dx, NEED_PARAMS=params, BLOCK_CHUNK=chunk, **bwd), bwd_warps)
         comp(f"rms_finish mod={mod} {wd}", N._rms_bwd_finish_kernel,
              dict(pp_ptr="fp32", pq_ptr="fp32", touched_ptr="i8", w_ptr=wd, tab_ptr="fp32", dw_ptr=wd,
                   dtab_ptr="fp32"),
@@ -84,12 +82,12 @@ for wd in ("bf16", "fp32"):
     for rope in (True, False):
         comp(f"qk_fwd rope={rope} {wd}", Q._qk_fwd_kernel,
              dict(x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", y_ptr=wd, rstd_ptr="fp32"),
-             dict(HAS_ROPE=rope, BLOCK_ROWS=Q.QK_FWD_ROWS, BLOCK_D=128), Q.QK_FWD_WARPS)
+             dict(HAS_ROPE=rope, BLOCK_ROWS=Q.QK_FWD_ROWS, **Q.pieces(128, 96 if rope else 0)), Q.QK_FWD_WARPS)
         for per_tile in (True, False) if rope else (False,):
             comp(f"qk_bwd rope={rope} per_tile={per_tile} {wd}", Q._qk_bwd_kernel,
                  dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", rstd_ptr="fp32", dx_ptr=wd,
                       pw_ptr="fp32"), dict(HAS_ROPE=rope, ROPE_PER_TILE=per_tile, BLOCK_ROWS=Q.QK_BWD_ROWS,
-                                           BLOCK_D=128), Q.QK_BWD_WARPS)
+                                           **Q.pieces(128, 96 if rope else 0)), Q.QK_BWD_WARPS)
     bs_e, bh_e, _ = Rz._elem_plan(4096, 5376)
     comp(f"gated_fwd {wd}", Rz._gated_fwd_kernel, dict(x_ptr=wd, b_ptr=wd, tab_ptr="fp32", idx_ptr="i64", y_ptr=wd),
          dict(BLOCK_S=bs_e, BLOCK_H=bh_e), 4)

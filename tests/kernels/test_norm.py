@@ -139,15 +139,16 @@ def test_qk_norm_rope(S, NH, D, RD, dtype):
 # partials must never be read) and, at H=96 (16-row tiles), mix table rows inside tiles.
 RUNS = [(0, 40), (1, 3), (0, 25), (2, 50), (1, 82)]
 # Backward row chunks: the default (4 under the interpreter: runs cross chunk ends) and one chunk for all rows (every
-# run and revisit inside it); each backward's prefetch choice flipped (its other loop); each forward's split choice
-# flipped (one block or two pieces per row).
+# run and revisit inside it); each backward's prefetch choice flipped (its other loop); every split choice flipped
+# (one block or two pieces per row).
 NORM_SETTINGS = [
     pytest.param({}, id="default-chunks"),
     pytest.param(dict(NORM_BWD_CHUNKS=1), id="one-chunk"),
     pytest.param(dict(MODULATE_BWD_PREFETCH=1 - norm.MODULATE_BWD_PREFETCH,
                       RMS_NORM_BWD_PREFETCH=1 - norm.RMS_NORM_BWD_PREFETCH), id="prefetch-flipped"),
-    pytest.param(dict(MODULATE_FWD_SPLIT=1 - norm.MODULATE_FWD_SPLIT, RMS_NORM_FWD_SPLIT=1 - norm.RMS_NORM_FWD_SPLIT),
-                 id="forward-split-flipped"),
+    pytest.param({name: 1 - getattr(norm, name) for name in ("MODULATE_FWD_SPLIT", "RMS_NORM_FWD_SPLIT",
+                                                              "MODULATE_BWD_SPLIT", "RMS_NORM_BWD_SPLIT")},
+                 id="split-flipped"),
 ]
 
 
