@@ -4,6 +4,8 @@
 #     qk_norm_rope's three-piece heads (rotary halves without the partner-lane gather);
 #   - the norm backwards: one block or 4096 + 2048 pieces, with and without the prefetch, at 8 / 16 warps;
 #   - qk_norm_rope on the three pieces: the defaults and nearby tiles (registers changed: bench/RESULTS.md).
+# It ran on an H100 (bench/results/h100-session19b-*): the split backwards won at 8 warps and stayed; the
+# three-piece qk_norm_rope lost (scalar loads) and was reverted, so its sweep lines now time the partner-gather kernel.
 source bench/device_env.sh || exit 1
 step tests 150 norm_tests.log python3 -m pytest -q tests/kernels/test_norm.py -n 4 -p no:cacheprovider
 grep -E "passed|failed|FAILED|ERROR" $OUT/norm_tests.log | cut -c1-300 | tail -8

@@ -62,10 +62,10 @@ from h3kernels.qk_norm_rope import qk_norm_rope
 # 0.348 at 264. Its first version (bench/results/h200-session15-norm-sweep.log, whose timer could still include
 # host launch time, which favours fewer launches) timed the alternatives norm.py dropped: reloading the factor per
 # row 0.315 ms, dx and the partials in two launches 0.437 ms, and looped forwards no faster than this one-tile
-# forward (0.143 vs 0.140 ms; plain norm 0.117 vs 0.094 ms). The backward spills up to 240 bytes at 16 warps and at 8
-# alike (tests/kernels/test_compile.py pins the amount); the one variant that spilled less (the per-row reload) was
-# slower.
-NORM_BWD_WARPS = 16
+# forward (0.143 vs 0.140 ms; plain norm 0.117 vs 0.094 ms). In one 8192-lane block the backward spilled 240 bytes
+# at 16 warps and at 8; in two pieces (below) 8 warps won on an H100 (session 19) for both norms, and only the plain
+# norm's prefetching loop spills, 40 bytes (tests/kernels/test_compile.py pins the amount).
+NORM_BWD_WARPS = 8
 NORM_BWD_CHUNKS = 4 if is_interpreting() else 132
 # 1: the backward loads the next tile's dy and x before the current tile's math (two tiles' loads in flight per
 # program: the loop is latency-bound at one program per SM); 0: each tile's loads at its own step. Same bytes either
@@ -85,7 +85,11 @@ MODULATE_BWD_PREFETCH = 0
 MODULATE_FWD_SPLIT = 1
 RMS_NORM_FWD_SPLIT = 0
 NORM_FWD_WARPS = 0
-# The backwards' columns: not yet timed.
+# The backwards' columns, as the forwards'. On an H100 at S=16384 (session 19, bench/results/h100-session19b-
+# norm_bwd_sweep.log; split x prefetch x 8 / 16 warps): rms_norm_modulate's backward ran fastest split, without the
+# prefetch, at 8 warps (0.304 ms, 58% of copy; one block at 16 warps, the old default, 0.314), rms_norm's split,
+# with the prefetch, at 8 warps (0.225 ms, 78%; one block with the prefetch at 16 warps 0.250). Split, neither
+# spills at 16 warps (ptxas on the CPU: 0 and 40 bytes against 104 and 152 in one block).
 MODULATE_BWD_SPLIT = 1
 RMS_NORM_BWD_SPLIT = 1
 # The finish kernel sums FINISH_BLOCK_P chunk partials per step over FINISH_BLOCK_H columns.

@@ -59,137 +59,89 @@ QK_BWD_ROPE_PER_TILE = 0
 
 
 @triton.jit
-def _load_piece(ptr, rows, rmask, cols, cmask, D):
-    """The [rows, cols] piece of a [ROWS, D] tensor in fp32 (zeros where masked)."""
-    return tl.load(ptr + rows[:, None] * D + cols[None, :], mask=rmask[:, None] & cmask[None, :],
-                   other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _store_piece(ptr, rows, rmask, cols, cmask, D, value):
-    """value, rounded once to ptr's dtype, into the [rows, cols] piece of a [ROWS, D] tensor."""
-    tl.store(ptr + rows[:, None] * D + cols[None, :], cast_rne(value, ptr.dtype.element_ty),
-             mask=rmask[:, None] & cmask[None, :])
-
-
-@triton.jit
-def _rope_table(ptr, rows, rmask, lo, lo_mask, half, NH, RD, row0, ROWS, PER_TILE: tl.constexpr):
-    """cos or sin of the rows' positions at the two rotary halves: ([rows | 1, lo], [rows | 1, lo + half]), fp32.
-
-    PER_TILE: every row of the tile has the position of its first row, row0 (one [1, lo] read per half; none for a
-    tile past ROWS, the end of a program's last chunk); else one read per row.
-    """
-    if PER_TILE:
-        base = (row0 // NH).to(tl.int64) * RD
-        vm = lo_mask & (row0 + 0 * lo < ROWS)
-        t1 = tl.load(ptr + base + lo, mask=vm, other=0.0).to(tl.float32)[None, :]
-        t2 = tl.load(ptr + base + half + lo, mask=vm, other=0.0).to(tl.float32)[None, :]
-    else:
-        base = (rows // NH).to(tl.int64) * RD
-        m2 = rmask[:, None] & lo_mask[None, :]
-        t1 = tl.load(ptr + base[:, None] + lo[None, :], mask=m2, other=0.0).to(tl.float32)
-        t2 = tl.load(ptr + base[:, None] + half + lo[None, :], mask=m2, other=0.0).to(tl.float32)
-    return t1, t2
+def _rope_lanes(cols, RD):
+    # rotate_half over the first RD channels: lane j < RD/2 pairs with j + RD/2 (sign -1), the second half with
+    # j - RD/2 (sign +1); lanes >= RD are pass-through.
+    half = RD // 2
+    is_rot = cols < RD
+    partner = tl.where(cols < half, cols + half, cols - half)
+    partner = tl.where(is_rot, partner, cols)
+    sign = tl.where(cols < half, -1.0, 1.0)
+    return is_rot, partner, sign
 
 
 @triton.jit
 def _qk_fwd_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, rstd_ptr, ROWS, NH, D, RD, eps,
-                   HAS_ROPE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                   BLOCK_REST: tl.constexpr):
-    """A row's D channels in three pieces: the rotary halves [0, RD/2) and [RD/2, RD) (HAS_ROPE), lane-aligned so
-    that the rotation pairs lane j of one with lane j of the other, and the pass-through channels [RD, D)."""
+                   HAS_ROPE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     rmask = rows < ROWS
-    rest = RD + tl.arange(0, BLOCK_REST)
-    rest_mask = rest < D
-    # Upcast at load: fp32 statistics and no bf16 arithmetic in the interpreter.
-    x3 = _load_piece(x_ptr, rows, rmask, rest, rest_mask, D)
-    sumsq = tl.sum(x3 * x3, axis=1)
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    m2 = rmask[:, None] & cmask[None, :]
+    x = tl.load(x_ptr + rows[:, None] * D + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+    rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    y = x * rstd[:, None] * w[None, :]
     if HAS_ROPE:
-        half = RD // 2
-        lo = tl.arange(0, BLOCK_HALF)
-        lo_mask = lo < half
-        x1 = _load_piece(x_ptr, rows, rmask, lo, lo_mask, D)
-        x2 = _load_piece(x_ptr, rows, rmask, half + lo, lo_mask, D)
-        sumsq += tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)
-    rstd = tl.math.rsqrt(sumsq / D + eps)
-    w3 = tl.load(w_ptr + rest, mask=rest_mask, other=0.0).to(tl.float32)
-    _store_piece(y_ptr, rows, rmask, rest, rest_mask, D, x3 * rstd[:, None] * w3[None, :])
-    if HAS_ROPE:
-        n1 = x1 * rstd[:, None] * tl.load(w_ptr + lo, mask=lo_mask, other=0.0).to(tl.float32)[None, :]
-        n2 = x2 * rstd[:, None] * tl.load(w_ptr + half + lo, mask=lo_mask, other=0.0).to(tl.float32)[None, :]
+        is_rot, partner, sign = _rope_lanes(cols, RD)
+        rm = rmask[:, None] & is_rot[None, :]
+        xp = tl.load(x_ptr + rows[:, None] * D + partner[None, :], mask=rm, other=0.0).to(tl.float32)
+        wp = tl.load(w_ptr + partner, mask=is_rot, other=0.0).to(tl.float32)
+        yp = xp * rstd[:, None] * wp[None, :]  # the normalized partner lane, never rounded
+        srow = (rows // NH).to(tl.int64) * RD
         # cos/sin stay fp32 (diffusers rounds them to the activation dtype before use).
-        c1, c2 = _rope_table(cos_ptr, rows, rmask, lo, lo_mask, half, NH, RD, 0, ROWS, False)
-        s1, s2 = _rope_table(sin_ptr, rows, rmask, lo, lo_mask, half, NH, RD, 0, ROWS, False)
-        # x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1): the normalized lanes are never rounded.
-        _store_piece(y_ptr, rows, rmask, lo, lo_mask, D, n1 * c1 - n2 * s1)
-        _store_piece(y_ptr, rows, rmask, half + lo, lo_mask, D, n2 * c2 + n1 * s2)
+        c = tl.load(cos_ptr + srow[:, None] + cols[None, :], mask=rm, other=1.0).to(tl.float32)
+        s = tl.load(sin_ptr + srow[:, None] + cols[None, :], mask=rm, other=0.0).to(tl.float32)
+        y = tl.where(is_rot[None, :], y * c + sign[None, :] * yp * s, y)
+    tl.store(y_ptr + rows[:, None] * D + cols[None, :], cast_rne(y, y_ptr.dtype.element_ty), mask=m2)
     tl.store(rstd_ptr + rows, rstd, mask=rmask)
 
 
 @triton.jit
 def _qk_bwd_kernel(dy_ptr, x_ptr, w_ptr, cos_ptr, sin_ptr, rstd_ptr, dx_ptr, pw_ptr, ROWS, NH, D, RD, ROWS_PER_PROG,
                    HAS_ROPE: tl.constexpr, ROPE_PER_TILE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                   BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr):
-    """The forward's three pieces. ROPE_PER_TILE: BLOCK_ROWS divides NH, so every tile's rows are heads of one s and
-    cos/sin are read once per tile (per row otherwise)."""
+                   BLOCK_D: tl.constexpr):
+    # ROPE_PER_TILE: BLOCK_ROWS divides NH, so every tile's rows are heads of one s and cos/sin are read once per
+    # tile as [BLOCK_D] rows (per row otherwise: they were half the bytes the loop loaded).
     pid = tl.program_id(0)
-    rest = RD + tl.arange(0, BLOCK_REST)
-    rest_mask = rest < D
-    w3 = tl.load(w_ptr + rest, mask=rest_mask, other=0.0).to(tl.float32)
-    dw3 = tl.zeros([BLOCK_REST], dtype=tl.float32)
-    if HAS_ROPE:
-        half = RD // 2
-        lo = tl.arange(0, BLOCK_HALF)
-        lo_mask = lo < half
-        w1 = tl.load(w_ptr + lo, mask=lo_mask, other=0.0).to(tl.float32)
-        w2 = tl.load(w_ptr + half + lo, mask=lo_mask, other=0.0).to(tl.float32)
-        dw1 = tl.zeros([BLOCK_HALF], dtype=tl.float32)
-        dw2 = tl.zeros([BLOCK_HALF], dtype=tl.float32)
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_D], dtype=tl.float32)
     for r0 in range(0, ROWS_PER_PROG, BLOCK_ROWS):
-        row0 = pid * ROWS_PER_PROG + r0
-        rows = row0 + tl.arange(0, BLOCK_ROWS)
+        rows = pid * ROWS_PER_PROG + r0 + tl.arange(0, BLOCK_ROWS)
         rmask = rows < ROWS
+        m2 = rmask[:, None] & cmask[None, :]
+        offs = rows[:, None] * D + cols[None, :]
+        dy = tl.load(dy_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+        if HAS_ROPE:
+            # Transposed rotation: d yn[k] = dy[k] cos[k] - sign[k] dy[p(k)] sin[p(k)] (sign[p(k)] = -sign[k]).
+            is_rot, partner, sign = _rope_lanes(cols, RD)
+            rm = rmask[:, None] & is_rot[None, :]
+            dyp = tl.load(dy_ptr + rows[:, None] * D + partner[None, :], mask=rm, other=0.0).to(tl.float32)
+            if ROPE_PER_TILE:
+                row0 = pid * ROWS_PER_PROG + r0  # a multiple of BLOCK_ROWS, so of one s with all its tile rows
+                srow = (row0 // NH).to(tl.int64) * RD
+                vm = is_rot & (row0 + 0 * cols < ROWS)  # a past-the-end tile of a program's last chunk
+                c = tl.load(cos_ptr + srow + cols, mask=vm, other=1.0).to(tl.float32)[None, :]
+                sp = tl.load(sin_ptr + srow + partner, mask=vm, other=0.0).to(tl.float32)[None, :]
+            else:
+                srow = (rows // NH).to(tl.int64) * RD
+                c = tl.load(cos_ptr + srow[:, None] + cols[None, :], mask=rm, other=1.0).to(tl.float32)
+                sp = tl.load(sin_ptr + srow[:, None] + partner[None, :], mask=rm, other=0.0).to(tl.float32)
+            dy = tl.where(is_rot[None, :], dy * c - sign[None, :] * dyp * sp, dy)
+        x = tl.load(x_ptr + offs, mask=m2, other=0.0).to(tl.float32)
         rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
-        dn3 = _load_piece(dy_ptr, rows, rmask, rest, rest_mask, D)
-        xh3 = _load_piece(x_ptr, rows, rmask, rest, rest_mask, D) * rstd[:, None]
-        g3 = dn3 * w3[None, :]  # the gradient w.r.t. xhat
-        dot = tl.sum(g3 * xh3, axis=1)
-        dw3 += tl.sum(dn3 * xh3, axis=0)
-        if HAS_ROPE:
-            # The transposed rotation (by -angle) of dy gives the gradient w.r.t. the normalized lanes.
-            dy1 = _load_piece(dy_ptr, rows, rmask, lo, lo_mask, D)
-            dy2 = _load_piece(dy_ptr, rows, rmask, half + lo, lo_mask, D)
-            c1, c2 = _rope_table(cos_ptr, rows, rmask, lo, lo_mask, half, NH, RD, row0, ROWS, ROPE_PER_TILE)
-            s1, s2 = _rope_table(sin_ptr, rows, rmask, lo, lo_mask, half, NH, RD, row0, ROWS, ROPE_PER_TILE)
-            dn1 = dy1 * c1 + dy2 * s2
-            dn2 = dy2 * c2 - dy1 * s1
-            xh1 = _load_piece(x_ptr, rows, rmask, lo, lo_mask, D) * rstd[:, None]
-            xh2 = _load_piece(x_ptr, rows, rmask, half + lo, lo_mask, D) * rstd[:, None]
-            g1 = dn1 * w1[None, :]
-            g2 = dn2 * w2[None, :]
-            dot += tl.sum(g1 * xh1, axis=1) + tl.sum(g2 * xh2, axis=1)
-            dw1 += tl.sum(dn1 * xh1, axis=0)
-            dw2 += tl.sum(dn2 * xh2, axis=0)
-        dot = dot / D
-        _store_piece(dx_ptr, rows, rmask, rest, rest_mask, D, rstd[:, None] * (g3 - xh3 * dot[:, None]))
-        if HAS_ROPE:
-            _store_piece(dx_ptr, rows, rmask, lo, lo_mask, D, rstd[:, None] * (g1 - xh1 * dot[:, None]))
-            _store_piece(dx_ptr, rows, rmask, half + lo, lo_mask, D, rstd[:, None] * (g2 - xh2 * dot[:, None]))
-    tl.store(pw_ptr + pid * D + rest, dw3, mask=rest_mask)
-    if HAS_ROPE:
-        tl.store(pw_ptr + pid * D + lo, dw1, mask=lo_mask)
-        tl.store(pw_ptr + pid * D + half + lo, dw2, mask=lo_mask)
+        xhat = x * rstd[:, None]
+        dw += tl.sum(dy * xhat, axis=0)
+        g = dy * w[None, :]
+        cdot = tl.sum(g * xhat, axis=1) / D
+        dx = rstd[:, None] * (g - xhat * cdot[:, None])
+        tl.store(dx_ptr + offs, cast_rne(dx, dx_ptr.dtype.element_ty), mask=m2)
+    tl.store(pw_ptr + pid * D + cols, dw, mask=cmask)
 
 
 # ----------------------------------------------------------------------------------------------- launchers
-
-
-def pieces(D: int, RD: int) -> dict[str, int]:
-    """BLOCK_HALF (the rotary halves' lanes, RD/2 of them) and BLOCK_REST (the pass-through lanes, D - RD; one
-    masked lane when there are none) of a head of D channels with rotary dim RD."""
-    return dict(BLOCK_HALF=triton.next_power_of_2(max(1, RD // 2)),
-                BLOCK_REST=triton.next_power_of_2(D - RD) if D > RD else 1)
 
 
 def _qk_fwd(x, weight, cos, sin, eps):
@@ -199,9 +151,10 @@ def _qk_fwd(x, weight, cos, sin, eps):
     RD = cos.shape[1] if has_rope else 0
     y = new_empty(x.shape, x.dtype, x.device)
     rstd = new_empty((rows,), torch.float32, x.device)
+    block_d = triton.next_power_of_2(D)
     grid = (triton.cdiv(rows, QK_FWD_ROWS),)
     _qk_fwd_kernel[grid](x, weight, cos if has_rope else x, sin if has_rope else x, y, rstd, rows, NH, D, RD, eps,
-                         HAS_ROPE=has_rope, BLOCK_ROWS=QK_FWD_ROWS, **pieces(D, RD), num_warps=QK_FWD_WARPS)
+                         HAS_ROPE=has_rope, BLOCK_ROWS=QK_FWD_ROWS, BLOCK_D=block_d, num_warps=QK_FWD_WARPS)
     return y, rstd
 
 
@@ -215,10 +168,11 @@ def _qk_bwd(dy, x, weight, cos, sin, rstd):
     n_prog = triton.cdiv(rows, rows_per_prog)
     dx = new_empty(x.shape, x.dtype, x.device)
     pw = new_empty((n_prog, 1, D), torch.float32, x.device)
+    block_d = triton.next_power_of_2(D)
     per_tile = bool(QK_BWD_ROPE_PER_TILE) and NH % QK_BWD_ROWS == 0
     _qk_bwd_kernel[(n_prog,)](dy, x, weight, cos if has_rope else x, sin if has_rope else x, rstd, dx, pw, rows, NH,
                               D, RD, rows_per_prog, HAS_ROPE=has_rope, ROPE_PER_TILE=per_tile,
-                              BLOCK_ROWS=QK_BWD_ROWS, **pieces(D, RD), num_warps=QK_BWD_WARPS)
+                              BLOCK_ROWS=QK_BWD_ROWS, BLOCK_D=block_d, num_warps=QK_BWD_WARPS)
     d_weight = new_empty((1, D), weight.dtype, x.device)
     finish_segments(pw, d_weight)
     return dx, d_weight.view(D)
