@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 19, third GPU call (under 400 s; the card is the first line of stamps.txt): a verdict of every CUDA test
 # (tests/kernels and tests/test_compare.py, four xdist workers) on the two-piece norm kernels, then the whole
-# issue-4 suite on the final defaults.
+# issue-4 suite on the final defaults. Not run in session 19: every start after 19b was refused.
 source bench/device_env.sh || exit 1
 step tests 300 gpu_tests.log python3 -m pytest -q tests/kernels tests/test_compare.py -n 4 -p no:cacheprovider \
   --durations=10
