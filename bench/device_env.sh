@@ -36,3 +36,19 @@ block_runs_and_overhead() {
   echo "overhead rc $?"; tail -9 $OUT/gate_overhead_block.log
   stamp done | tee -a $OUT/stamps.txt
 }
+
+# Every CUDA test (tests/kernels and tests/test_compare.py, four xdist workers sharing the GPU so that Triton's
+# compiles overlap: session 17's serial run hit its 100 s limit), its verdict printed: cuda_tests TIMEOUT_S.
+cuda_tests() {
+  step tests "$1" gpu_tests.log python3 -m pytest -q tests/kernels tests/test_compare.py -n 4 -p no:cacheprovider \
+    --durations=10
+  grep -E "passed|failed|FAILED|ERROR" $OUT/gpu_tests.log | cut -c1-300 | tail -12
+}
+
+# The whole issue-4 suite (bench/kernel_suite.py) on the checked-out defaults, its table lines printed last:
+# issue4_suite TIMEOUT_S.
+issue4_suite() {
+  step suite "$1" kernels.log python3 bench/kernel_suite.py --json $OUT/kernels.json
+  stamp done | tee -a $OUT/stamps.txt
+  grep -E "^(kernels|attention|block) " $OUT/kernels.log | grep -v "rel-L2 vs fp32 d[Wh ]" | cut -c1-200
+}
