@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Session 20, first GPU call (under 560 s; the card is the first line of stamps.txt): session 19c's never-run call
-# (every CUDA test on the two-piece norms, then the issue-4 suite on the final defaults), then the norm backward sweep
-# (one block or two pieces) on this card: the split backwards were timed only on an H100.
+# Session 20, first GPU call (under 590 s; the card is the first line of stamps.txt): session 19c's never-run call
+# (every CUDA test on the two-piece norms and the gated backward's prefetch, then the issue-4 suite on the final
+# defaults), and two sweeps on this card: the norm backwards (one block or two pieces; timed only on an H100 so far)
+# and the gated backward's prefetch by tile and warps.
 source bench/device_env.sh || exit 1
-cuda_tests 280
-step sweep 100 norm_bwd_sweep.log python3 bench/knob_sweep.py --ops norm_bwd --json $OUT/norm_bwd_sweep.json
-sed -n '/best first/,$p' $OUT/norm_bwd_sweep.log | cut -c1-170
+cuda_tests 260
+step sweeps 110 sweeps.log python3 bench/knob_sweep.py --ops norm_bwd,gated_prefetch --budget-s 90 \
+  --json $OUT/sweeps.json
+sed -n '/best first/,$p' $OUT/sweeps.log | cut -c1-170
 issue4_suite 170

@@ -172,6 +172,20 @@ def num_warps_for(tile_elems: int) -> int:
 
 
 @triton.jit
+def load_row_pair(a_ptr, b_ptr, t0, end, cols, cmask, H, TILE_S: tl.constexpr):
+    """Tiles of rows [t0, t0 + TILE_S) below `end` of two [S, H] tensors, in their storage dtype (zeros past `end`).
+
+    Read once, so they are evicted first. The backwards that prefetch call it one tile ahead of their math.
+    """
+    rows = t0 + tl.arange(0, TILE_S)
+    m2 = (rows < end)[:, None] & cmask[None, :]
+    offs = rows[:, None] * H + cols[None, :]
+    a = tl.load(a_ptr + offs, mask=m2, other=0.0, eviction_policy="evict_first")
+    b = tl.load(b_ptr + offs, mask=m2, other=0.0, eviction_policy="evict_first")
+    return a, b
+
+
+@triton.jit
 def cast_rne(x, dtype: tl.constexpr):
     """Round fp32 `x` to `dtype` to nearest even (the interpreter truncates fp32->bf16; GPUs round)."""
     if INTERPRETING and dtype == tl.bfloat16:

@@ -43,6 +43,7 @@ from h3kernels._common import (
     check_inputs,
     check_shape,
     is_interpreting,
+    load_row_pair,
     new_empty,
     num_warps_for,
     row_tile,
@@ -177,17 +178,6 @@ def _rms_fwd_kernel(x_ptr, w_ptr, tab_ptr, idx_ptr, y_ptr, rstd_ptr, S, H, tab_s
 
 
 @triton.jit
-def _load_rows(dy_ptr, x_ptr, t0, end, cols, cmask, H, TILE_S: tl.constexpr):
-    """The dy and x tiles of rows [t0, t0 + TILE_S) below `end`, in their storage dtype (zeros past `end`)."""
-    rows = t0 + tl.arange(0, TILE_S)
-    m2 = (rows < end)[:, None] & cmask[None, :]
-    offs = rows[:, None] * H + cols[None, :]
-    dy = tl.load(dy_ptr + offs, mask=m2, other=0.0, eviction_policy="evict_first")
-    x = tl.load(x_ptr + offs, mask=m2, other=0.0, eviction_policy="evict_first")
-    return dy, x
-
-
-@triton.jit
 def _seen_before(idx_ptr, start, pos, r, HAS_MOD: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
     """Whether table row r occurs in rows [start, pos) of the chunk, i.e. its partial row is already stored."""
     if HAS_MOD:
@@ -262,18 +252,18 @@ def _rms_bwd_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_ptr, pp
     pb = tl.zeros([BLOCK_B], dtype=tl.float32)
     qb = tl.zeros([BLOCK_B], dtype=tl.float32)
     if PREFETCH:
-        dya_next, xa_next = _load_rows(dy_ptr, x_ptr, start, end, cols_a, cmask_a, H, TILE_S)
-        dyb_next, xb_next = _load_rows(dy_ptr, x_ptr, start, end, cols_b, cmask_b, H, TILE_S)
+        dya_next, xa_next = load_row_pair(dy_ptr, x_ptr, start, end, cols_a, cmask_a, H, TILE_S)
+        dyb_next, xb_next = load_row_pair(dy_ptr, x_ptr, start, end, cols_b, cmask_b, H, TILE_S)
     for t0 in range(start, end, TILE_S):
         rows = t0 + tl.arange(0, TILE_S)
         rmask = rows < end
         if PREFETCH:  # this tile's rows were loaded one step ago; the next tile's loads start before its math
             dya_raw, xa_raw, dyb_raw, xb_raw = dya_next, xa_next, dyb_next, xb_next
-            dya_next, xa_next = _load_rows(dy_ptr, x_ptr, t0 + TILE_S, end, cols_a, cmask_a, H, TILE_S)
-            dyb_next, xb_next = _load_rows(dy_ptr, x_ptr, t0 + TILE_S, end, cols_b, cmask_b, H, TILE_S)
+            dya_next, xa_next = load_row_pair(dy_ptr, x_ptr, t0 + TILE_S, end, cols_a, cmask_a, H, TILE_S)
+            dyb_next, xb_next = load_row_pair(dy_ptr, x_ptr, t0 + TILE_S, end, cols_b, cmask_b, H, TILE_S)
         else:
-            dya_raw, xa_raw = _load_rows(dy_ptr, x_ptr, t0, end, cols_a, cmask_a, H, TILE_S)
-            dyb_raw, xb_raw = _load_rows(dy_ptr, x_ptr, t0, end, cols_b, cmask_b, H, TILE_S)
+            dya_raw, xa_raw = load_row_pair(dy_ptr, x_ptr, t0, end, cols_a, cmask_a, H, TILE_S)
+            dyb_raw, xb_raw = load_row_pair(dy_ptr, x_ptr, t0, end, cols_b, cmask_b, H, TILE_S)
         dya = dya_raw.to(tl.float32)
         dyb = dyb_raw.to(tl.float32)
         rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)

@@ -36,6 +36,7 @@ from h3kernels._common import (
     check_inputs,
     check_shape,
     is_interpreting,
+    load_row_pair,
     new_empty,
 )
 from h3kernels.modulation import (
@@ -63,6 +64,9 @@ GATED_BLOCK_H = 256
 GATED_WARPS = 4
 GATED_TILE_S = 32 if is_interpreting() else 16
 GATED_CHUNKS = 4 if is_interpreting() else 64
+# Chunks of one table row load their next tile before the current tile's math, so two tiles' loads are in flight
+# per program (norm.py's plain backward does the same).
+GATED_PREFETCH = 1
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -86,30 +90,30 @@ def _gated_fwd_kernel(x_ptr, b_ptr, tab_ptr, idx_ptr, y_ptr, S, H, tab_stride, g
 
 
 @triton.jit
-def _gated_bwd_tile(dy_ptr, b_ptr, db_ptr, gate, rows, cols, S, H, NEED_DB: tl.constexpr):
-    """dy * branch of rows `rows` in fp32 (0 outside [0, S) x [0, H)); stores d_branch = dy * gate (NEED_DB).
+def _gated_bwd_tile(dy_raw, b_raw, db_ptr, gate, rows, cols, S, H, NEED_DB: tl.constexpr):
+    """dy * branch of tiles `dy_raw`, `b_raw` (rows `rows`, load_row_pair) in fp32; stores d_branch = dy * gate
+    (NEED_DB).
 
     gate: fp32 [TILE_S, BLOCK_H] (the rows' gates) or [1, BLOCK_H] (one gate row for all of them).
     """
-    m2 = (rows < S)[:, None] & (cols < H)[None, :]
-    offs = rows[:, None] * H + cols[None, :]
-    dy = tl.load(dy_ptr + offs, mask=m2, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+    dy = dy_raw.to(tl.float32)
     if NEED_DB:
-        tl.store(db_ptr + offs, cast_rne(dy * gate, db_ptr.dtype.element_ty), mask=m2)
-    return dy * b  # fp32 products, never rounded before the table-row sums
+        m2 = (rows < S)[:, None] & (cols < H)[None, :]
+        tl.store(db_ptr + rows[:, None] * H + cols[None, :], cast_rne(dy * gate, db_ptr.dtype.element_ty), mask=m2)
+    return dy * b_raw.to(tl.float32)  # fp32 products, never rounded before the table-row sums
 
 
 @triton.jit
 def _gated_bwd_kernel(dy_ptr, b_ptr, tab_ptr, idx_ptr, db_ptr, part_ptr, S, H, R, tab_stride, gate_off,
                       NEED_DB: tl.constexpr, CHUNK_S: tl.constexpr, TILE_S: tl.constexpr, BLOCK_H: tl.constexpr,
-                      BLOCK_R: tl.constexpr):
+                      BLOCK_R: tl.constexpr, PREFETCH: tl.constexpr):
     pid_c = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     cmask = cols < H
     rids = tl.arange(0, BLOCK_R)
     acc = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
     start = pid_c * CHUNK_S
+    end = tl.minimum(start + CHUNK_S, S)
     crow = chunk_row(idx_ptr, start, S, CHUNK_S)
     if crow >= 0:  # the whole chunk is one table row: one gate row, elementwise adds, one reduction at the end
         gate = tl.zeros([1, BLOCK_H], dtype=tl.float32)
@@ -117,19 +121,28 @@ def _gated_bwd_kernel(dy_ptr, b_ptr, tab_ptr, idx_ptr, db_ptr, part_ptr, S, H, R
             gate = tl.load(tab_ptr + crow.to(tl.int64) * tab_stride + gate_off + cols, mask=cmask, other=0.0)
             gate = gate.to(tl.float32)[None, :]
         run = tl.zeros([TILE_S, BLOCK_H], dtype=tl.float32)
-        for t0 in range(0, CHUNK_S, TILE_S):
-            run += _gated_bwd_tile(dy_ptr, b_ptr, db_ptr, gate, start + t0 + tl.arange(0, TILE_S), cols, S, H,
-                                   NEED_DB)
+        if PREFETCH:
+            dy_next, b_next = load_row_pair(dy_ptr, b_ptr, start, end, cols, cmask, H, TILE_S)
+        for t in range(0, CHUNK_S, TILE_S):
+            t0 = start + t
+            if PREFETCH:  # this tile was loaded one step ago; the next tile's loads start before its math
+                dy_raw, b_raw = dy_next, b_next
+                dy_next, b_next = load_row_pair(dy_ptr, b_ptr, t0 + TILE_S, end, cols, cmask, H, TILE_S)
+            else:
+                dy_raw, b_raw = load_row_pair(dy_ptr, b_ptr, t0, end, cols, cmask, H, TILE_S)
+            run += _gated_bwd_tile(dy_raw, b_raw, db_ptr, gate, t0 + tl.arange(0, TILE_S), cols, S, H, NEED_DB)
         acc = add_row(acc, tl.sum(run, axis=0), crow, rids)
     else:
-        for t0 in range(0, CHUNK_S, TILE_S):
-            rows = start + t0 + tl.arange(0, TILE_S)
+        for t in range(0, CHUNK_S, TILE_S):
+            t0 = start + t
+            rows = t0 + tl.arange(0, TILE_S)
             ix = load_ix(idx_ptr, rows, S)
             gate = tl.zeros([TILE_S, BLOCK_H], dtype=tl.float32)
             if NEED_DB:
                 gate = tl.load(tab_ptr + ix.to(tl.int64)[:, None] * tab_stride + gate_off + cols[None, :],
                                mask=(rows < S)[:, None] & cmask[None, :], other=0.0).to(tl.float32)
-            dyb = _gated_bwd_tile(dy_ptr, b_ptr, db_ptr, gate, rows, cols, S, H, NEED_DB)
+            dy_raw, b_raw = load_row_pair(dy_ptr, b_ptr, t0, end, cols, cmask, H, TILE_S)
+            dyb = _gated_bwd_tile(dy_raw, b_raw, db_ptr, gate, rows, cols, S, H, NEED_DB)
             acc = add_tile(acc, dyb, ix, uniform_row(ix), rids, R)
     offs_p = pid_c * R * H + rids[:, None] * H + cols[None, :]
     tl.store(part_ptr + offs_p, acc, mask=(rids[:, None] < R) & cmask[None, :])
@@ -176,7 +189,7 @@ def _gated_bwd(dy, branch, table, idx, gate_off, need_db, need_t):
     grid = (nc, triton.cdiv(H, GATED_BLOCK_H))
     _gated_bwd_kernel[grid](dy, branch, table, idx, db if need_db else partials, partials, S, H, R, table.stride(0),
                             gate_off, NEED_DB=need_db, CHUNK_S=chunk, TILE_S=tile, BLOCK_H=GATED_BLOCK_H,
-                            BLOCK_R=block_r, num_warps=GATED_WARPS)
+                            BLOCK_R=block_r, PREFETCH=GATED_PREFETCH, num_warps=GATED_WARPS)
     d_table = None
     if need_t:
         # Chunks other than the gate get exact zeros (this op does not read them).
