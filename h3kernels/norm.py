@@ -63,26 +63,28 @@ from h3kernels.qk_norm_rope import qk_norm_rope
 # 0.348 at 264. Its first version (bench/results/h200-session15-norm-sweep.log, whose timer could still include
 # host launch time, which favours fewer launches) timed the alternatives norm.py dropped: reloading the factor per
 # row 0.315 ms, dx and the partials in two launches 0.437 ms, and looped forwards no faster than this one-tile
-# forward (0.143 vs 0.140 ms; plain norm 0.117 vs 0.094 ms). In one 8192-lane block the backward spilled 240 bytes
-# at 16 warps and at 8; in two pieces (below) 8 warps won on an H100 (session 19) for both norms, and only the plain
-# norm's prefetching loop spills, 40 bytes (tests/kernels/test_compile.py pins the amount).
+# forward (0.143 vs 0.140 ms; plain norm 0.117 vs 0.094 ms). In two pieces (below) 8 warps won on an H100 (session
+# 19) for both norms. Registers (ptxas sm_90, triton 3.9, with the JIT's alignment attributes as
+# tests/kernels/test_compile.py compiles; counts quoted before session 20 came from a compile without them, 2-byte
+# loads, and were too high): two pieces at 8 warps, 224 (modulated) / 152 (plain), no spills; one 8192-lane block,
+# 251 / 230, and at 16 warps (128 at most) the modulated one spills 32 bytes.
 NORM_BWD_WARPS = 8
 NORM_BWD_CHUNKS = 4 if is_interpreting() else 132
 # 1: the backward loads the next tile's dy and x before the current tile's math (two tiles' loads in flight per
 # program: the loop is latency-bound at one program per SM); 0: each tile's loads at its own step. Same bytes either
 # way. On an H100 at S=16384 (session 18, bench/results/h100-session18b-norm_sweep.log) it ran rms_norm's backward
 # in 0.222 ms against 0.258 (79% against 68% of copy) and rms_norm_modulate's in 0.313 against 0.306 ms: on for the
-# plain norm only. With the prefetch, at 16 warps, the modulated backward spills 312 bytes (240 without it) and
-# the plain one 208 (152 without it).
+# plain norm only. With the prefetch, in one block, the modulated backward spills 120 bytes at 8 warps and 104 at
+# 16; in two pieces nothing spills (236 / 170 registers at 8 warps).
 RMS_NORM_BWD_PREFETCH = 1
 MODULATE_BWD_PREFETCH = 0
 # The columns (`_pieces`). 1: a row of a width H that is not a power of two in two power-of-two pieces (4096 + 2048
 # lanes for H=5376, against one block of 8192: a quarter fewer registers); 0: one block. NORM_FWD_WARPS 0 picks
 # num_warps_for(the tile's lanes): 8 at H=5376. On the H200 at S=16384 (session 19,
 # bench/results/h200-session19-norm_fwd_sweep.log): the modulated forward ran in 0.122 ms split against 0.138 ms
-# in one block (68% against 60% of copy; 92 registers against 150 at 8 warps, so two programs per SM, not one), the
-# plain one in 0.104 against 0.093 ms (it has registers for two rows per SM either way): split for the modulated
-# norm only. 4 warps tied 8 for both (0.122 / 0.093 ms); 16 lost (0.160 / 0.094).
+# in one block (68% against 60% of copy), the plain one in 0.104 against 0.093 ms: split for the modulated norm
+# only. Not a register limit: at 8 warps the modulated forward takes 55 registers split and 72 in one block (three
+# programs per SM or more either way; the session-19 counts, 92 / 150, came from the compile without alignment). 4 warps tied 8 for both (0.122 / 0.093 ms); 16 lost (0.160 / 0.094).
 MODULATE_FWD_SPLIT = 1
 RMS_NORM_FWD_SPLIT = 0
 NORM_FWD_WARPS = 0

@@ -58,14 +58,16 @@ ADD_BLOCK = 16384 if is_interpreting() else 4096
 # per step at GATED_WARPS warps, about GATED_CHUNKS row chunks (S=16384: 64 chunks of 256 rows x 21 column blocks
 # = 1344 programs at H=5376). Fixed numbers, so the reduction order depends on the shape only. bench/knob_sweep.py
 # on the H200 (session 15, bench/results/h200-session15d-sweep.log, S=16384): 16 x 256 at 4 warps, 0.183 ms (68% of
-# copy), the fastest setting without register spills (218 registers); 8 warps (the first default) 0.211 ms; the
-# fastest timed, 32 x 256 at 4 warps, 0.173 ms, spills 304 bytes.
+# copy); 8 warps (the first default) 0.211 ms; the fastest timed, 32 x 256 at 4 warps, 0.173 ms. Session 15 kept 16
+# rows for spills that were an artefact of compiling without the JIT's alignment attributes: with them (ptxas sm_90,
+# triton 3.9, 4 table rows) 16 x 256 takes 124 registers, 32 x 256 229, neither spills.
 GATED_BLOCK_H = 256
 GATED_WARPS = 4
 GATED_TILE_S = 32 if is_interpreting() else 16
 GATED_CHUNKS = 4 if is_interpreting() else 64
 # Chunks of one table row load their next tile before the current tile's math, so two tiles' loads are in flight
-# per program (norm.py's plain backward does the same).
+# per program (norm.py's plain backward does the same): 167 registers at 16 x 256, so three programs per SM instead
+# of four. Untimed; bench/knob_sweep.py --ops gated_prefetch sweeps it with the tile rows and warps.
 GATED_PREFETCH = 1
 
 
