@@ -2,7 +2,7 @@
 # Session 20, first GPU call (under 590 s; the card is the first line of stamps.txt): session 19c's never-run call
 # (every CUDA test on the two-piece norms and the gated backward's prefetch, then the issue-4 suite on the final
 # defaults), and two sweeps on this card: the norm backwards (one block or two pieces; timed only on an H100 so far)
-# and the gated backward's prefetch by tile and warps. Also the registers the JIT gave each kernel (bench/kernel_regs.py).
+# and the gated backward's prefetch by tile and warps; also the JIT's registers per kernel (bench/kernel_regs.py).
 source bench/device_env.sh || exit 1
 cuda_tests 260
 step regs 60 kernel_regs.log python3 bench/kernel_regs.py

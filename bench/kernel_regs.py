@@ -44,7 +44,7 @@ def compiled_variants() -> list[tuple[str, int, int, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seqlen", type=int, default=16384, help="S of the cases (bench/block.py must have its packed layout)")
+    parser.add_argument("--seqlen", type=int, default=16384, help="S of the cases (a bench/block.py layout)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA device")
