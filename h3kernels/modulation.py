@@ -71,6 +71,11 @@ MODALITY_NUM = 3  # diffusers MINIMAX_H3_MODALITY_NUM: table rows per timestep (
 GEMV_BLOCK_C = 128 if is_interpreting() else 16
 GEMV_BLOCK_E = 128 if is_interpreting() else 256
 GEMV_WARPS = 4
+# Software-pipeline stages of the GEMV loops (tl.range num_stages): above 1, triton streams the weight tiles through
+# shared memory with cp.async, that many steps ahead, so a program keeps several tiles' loads in flight (96 / 120
+# registers forward / d_temb at 3 stages against 123 / 154 at 1: ptxas sm_90, triton 3.9, BLOCK_T 2). Untimed;
+# bench/knob_sweep.py --ops adaln_stages sweeps it.
+GEMV_STAGES = 1
 # d_temb reduces over C: split C into about this many fixed ranges (grid = E/BLOCK_E x split, 21 x 64 at the
 # real width), then sum the split partials in order. 64 fills the GPU; the interpreter needs few splits.
 DTEMB_TARGET_SPLIT = 4 if is_interpreting() else 64
@@ -101,7 +106,7 @@ FINISH_BLOCK_N = 256
 
 @triton.jit
 def _adaln_fwd_kernel(temb_ptr, w_ptr, b_ptr, out_ptr, T, C, E,
-                      BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr):
+                      BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr, STAGES: tl.constexpr):
     pid = tl.program_id(0)
     cols = pid * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
@@ -110,7 +115,7 @@ def _adaln_fwd_kernel(temb_ptr, w_ptr, b_ptr, out_ptr, T, C, E,
     # Elementwise fp32 products per (timestep, output, e) lane, summed over e once at the end: no cross-thread
     # reduction inside the loop, which streams the weight (each tile read once, serving every timestep).
     acc = tl.zeros([BLOCK_T, BLOCK_C, BLOCK_E], dtype=tl.float32)
-    for e0 in range(0, E, BLOCK_E):
+    for e0 in tl.range(0, E, BLOCK_E, num_stages=STAGES):
         es = e0 + tl.arange(0, BLOCK_E)
         emask = es < E
         # Upcast before any arithmetic (bf16 math is wrong in the interpreter and we want fp32 products anyway).
@@ -151,7 +156,7 @@ def _adaln_bwd_weight_kernel(temb_ptr, dtab_ptr, dw_ptr, db_ptr, T, C, E,
 
 @triton.jit
 def _adaln_bwd_temb_partial_kernel(w_ptr, dtab_ptr, part_ptr, T, C, E, C_PER_SPLIT,
-                                   BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr):
+                                   BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr, STAGES: tl.constexpr):
     pid_e = tl.program_id(0)
     pid_s = tl.program_id(1)
     es = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -160,7 +165,7 @@ def _adaln_bwd_temb_partial_kernel(w_ptr, dtab_ptr, part_ptr, T, C, E, C_PER_SPL
     tmask = ts < T
     # As in the forward: elementwise fp32 products, summed over this split's C rows once at the end.
     acc = tl.zeros([BLOCK_T, BLOCK_C, BLOCK_E], dtype=tl.float32)
-    for c0 in range(0, C_PER_SPLIT, BLOCK_C):
+    for c0 in tl.range(0, C_PER_SPLIT, BLOCK_C, num_stages=STAGES):
         cs = pid_s * C_PER_SPLIT + c0 + tl.arange(0, BLOCK_C)
         cmask = cs < C
         w = tl.load(w_ptr + cs[:, None] * E + es[None, :], mask=cmask[:, None] & emask[None, :], other=0.0)
@@ -323,7 +328,8 @@ def _adaln_fwd_launch(temb: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     block_t = max(2, triton.next_power_of_2(T))
     grid = (triton.cdiv(C, GEMV_BLOCK_C),)
     _adaln_fwd_kernel[grid](temb, weight, bias, out, T, C, E,
-                            BLOCK_T=block_t, BLOCK_C=GEMV_BLOCK_C, BLOCK_E=GEMV_BLOCK_E, num_warps=GEMV_WARPS)
+                            BLOCK_T=block_t, BLOCK_C=GEMV_BLOCK_C, BLOCK_E=GEMV_BLOCK_E, STAGES=GEMV_STAGES,
+                            num_warps=GEMV_WARPS)
     return out
 
 
@@ -347,7 +353,7 @@ def _adaln_bwd_launch(temb, weight, bias, d_tab, need_temb, need_weight, need_bi
         grid = (triton.cdiv(E, GEMV_BLOCK_E), split)
         _adaln_bwd_temb_partial_kernel[grid](weight, d_tab, partials, T, C, E, c_per_split,
                                              BLOCK_T=block_t, BLOCK_C=GEMV_BLOCK_C, BLOCK_E=GEMV_BLOCK_E,
-                                             num_warps=GEMV_WARPS)
+                                             STAGES=GEMV_STAGES, num_warps=GEMV_WARPS)
         d_temb = new_empty((T, E), temb.dtype, dev)
         finish_segments(partials, d_temb, silu_of=temb)
     return d_temb, d_weight, d_bias

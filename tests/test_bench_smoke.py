@@ -143,7 +143,7 @@ def test_knob_sweep_bench_smoke(tmp_path: Path) -> None:
     proc = _run_bench("bench/knob_sweep.py", "--smoke", "--json", str(out), timeout=140)
     records = json.loads(out.read_text())["records"]
     got = {(r["op"], r["dir"]) for r in records if "error" not in r}
-    ops = ("rms_norm_modulate", "rms_norm", "qk_norm_rope", "gated_residual")
+    ops = ("rms_norm_modulate", "rms_norm", "qk_norm_rope", "gated_residual", "adaln_table")
     assert got == {(op, d) for op in ops for d in ("fwd", "bwd")}
     assert all(0 <= r["rel_l2_vs_bf16_torch"] < 2e-2 for r in records)
     assert "best first per op and direction" in proc.stdout and "BAD" not in proc.stdout

@@ -60,9 +60,9 @@ gated_chunk, gated_tile, _, _ = Rz.bwd_plan(16384, 16)
 gated = dict(CHUNK_S=gated_chunk, TILE_S=gated_tile, BLOCK_H=Rz.GATED_BLOCK_H, BLOCK_R=16, PREFETCH=Rz.GATED_PREFETCH)
 for wd in ("bf16", "fp32"):
     comp(f"adaln_fwd {wd}", M._adaln_fwd_kernel, dict(temb_ptr="fp32", w_ptr=wd, b_ptr=wd, out_ptr="fp32"),
-         dict(BLOCK_T=4, BLOCK_C=M.GEMV_BLOCK_C, BLOCK_E=M.GEMV_BLOCK_E), M.GEMV_WARPS)
+         dict(BLOCK_T=4, BLOCK_C=M.GEMV_BLOCK_C, BLOCK_E=M.GEMV_BLOCK_E, STAGES=M.GEMV_STAGES), M.GEMV_WARPS)
     comp(f"adaln_dtemb {wd}", M._adaln_bwd_temb_partial_kernel, dict(w_ptr=wd, dtab_ptr="fp32", part_ptr="fp32"),
-         dict(BLOCK_T=4, BLOCK_C=M.GEMV_BLOCK_C, BLOCK_E=M.GEMV_BLOCK_E), M.GEMV_WARPS)
+         dict(BLOCK_T=4, BLOCK_C=M.GEMV_BLOCK_C, BLOCK_E=M.GEMV_BLOCK_E, STAGES=M.GEMV_STAGES), M.GEMV_WARPS)
     comp(f"adaln_dweight {wd}", M._adaln_bwd_weight_kernel,
          dict(temb_ptr="fp32", dtab_ptr="fp32", dw_ptr=wd, db_ptr=wd),
          dict(BLOCK_C=M.DW_BLOCK_C, BLOCK_E=M.DW_BLOCK_E), 4)
