@@ -73,9 +73,10 @@ GEMV_BLOCK_E = 128 if is_interpreting() else 256
 GEMV_WARPS = 4
 # Software-pipeline stages of the GEMV loops (tl.range num_stages): above 1, triton streams the weight tiles through
 # shared memory with cp.async, that many steps ahead, so a program keeps several tiles' loads in flight (96 / 120
-# registers forward / d_temb at 3 stages against 123 / 154 at 1: ptxas sm_90, triton 3.9, BLOCK_T 2). Untimed;
-# bench/knob_sweep.py --ops adaln_stages sweeps it.
-GEMV_STAGES = 1
+# registers forward / d_temb at 3 stages against 123 / 154 at 1: ptxas sm_90, triton 3.9, BLOCK_T 2). On an H100
+# (session 21, bench/results/h100-session21-sweeps.log, S=16384, 4 warps) forward / backward: 1 stage 0.207 / 0.406
+# ms (83 / 85% of copy), 3 stages 0.185 / 0.394 (93 / 87%), 4 stages 0.182 / 0.398; 8 warps slower at every depth.
+GEMV_STAGES = 3
 # d_temb reduces over C: split C into about this many fixed ranges (grid = E/BLOCK_E x split, 21 x 64 at the
 # real width), then sum the split partials in order. 64 fills the GPU; the interpreter needs few splits.
 DTEMB_TARGET_SPLIT = 4 if is_interpreting() else 64

@@ -60,15 +60,19 @@ ADD_BLOCK = 16384 if is_interpreting() else 4096
 # on the H200 (session 15, bench/results/h200-session15d-sweep.log, S=16384): 16 x 256 at 4 warps, 0.183 ms (68% of
 # copy); 8 warps (the first default) 0.211 ms; the fastest timed, 32 x 256 at 4 warps, 0.173 ms. Session 15 kept 16
 # rows for spills that were an artefact of compiling without the JIT's alignment attributes: with them (ptxas sm_90,
-# triton 3.9, 4 table rows) 16 x 256 takes 124 registers, 32 x 256 229, neither spills.
+# triton 3.9, 4 table rows) 16 x 256 takes 124 registers, 32 x 256 229, neither spills. Session 21 on an H100
+# (bench/results/h100-session21-sweeps.log, S=16384, copy 3021 GB/s): 32 x 256 at 4 warps 0.224 ms (78%), 16 x 256
+# 0.234 ms without the prefetch below and 0.242 with it; 8 warps slower at every tile. 32 rows stay out: with fp32
+# inputs that tile takes 255 registers and spills 120 bytes (tests/kernels/test_compile.py, triton 3.9).
 GATED_BLOCK_H = 256
 GATED_WARPS = 4
 GATED_TILE_S = 32 if is_interpreting() else 16
 GATED_CHUNKS = 4 if is_interpreting() else 64
 # Chunks of one table row load their next tile before the current tile's math, so two tiles' loads are in flight
 # per program (norm.py's plain backward does the same): 167 registers at 16 x 256, so three programs per SM instead
-# of four. Untimed; bench/knob_sweep.py --ops gated_prefetch sweeps it with the tile rows and warps.
-GATED_PREFETCH = 1
+# of four. On the H100 (session 21) it lost at 16 rows (0.242 against 0.234 ms) and tied at 32 (0.224 both), so it
+# is off; bench/knob_sweep.py --ops gated_prefetch sweeps it with the tile rows and warps.
+GATED_PREFETCH = 0
 
 
 # ----------------------------------------------------------------------------------------------- kernels
