@@ -1,6 +1,7 @@
 """Launch constants of h3kernels' row-wise kernels, timed at the real width: which values their defaults get.
 
-    python bench/knob_sweep.py [--ops norm,norm_bwd,norm_fwd,qk_norm_rope,gated_residual,gated_prefetch,adaln_stages]
+    python bench/knob_sweep.py [--ops norm,norm_bwd,norm_fwd,qk_norm_rope,qk_prefetch,gated_residual,gated_prefetch,
+                               adaln_stages]
                                [--seqlen 16384] [--json $OUT/sweep.json]
     python bench/knob_sweep.py --ops gated_residual --setting residual.GATED_WARPS=4 --setting residual.GATED_WARPS=8
     python bench/knob_sweep.py --smoke                                         # CPU, TRITON_INTERPRET=1
@@ -86,6 +87,13 @@ KNOBS: dict[str, tuple[tuple[str, ...], Any, dict[str, Any]]] = {
     "gated_residual": (("gated",), _gated_grid,
                        {"residual.GATED_TILE_S": 8, "residual.GATED_BLOCK_H": 32, "residual.GATED_WARPS": 2,
                         "residual.GATED_CHUNKS": 3}),
+    "qk_prefetch": (("qk",),
+                    lambda: [{"qk_norm_rope.QK_BWD_PREFETCH": p, "qk_norm_rope.QK_BWD_ROWS": r,
+                              "qk_norm_rope.QK_BWD_WARPS": w, "qk_norm_rope.QK_BWD_PROGRAMS": n}
+                             for p, (r, w), n in itertools.product((0, 1), ((8, 2), (16, 4), (32, 8)),
+                                                                   (528, 792, 1024))],
+                    {"qk_norm_rope.QK_BWD_PREFETCH": 1, "qk_norm_rope.QK_BWD_ROWS": 16,
+                     "qk_norm_rope.QK_BWD_WARPS": 2, "qk_norm_rope.QK_BWD_PROGRAMS": 3}),
     "adaln_stages": (("adaln",),
                      lambda: _grid(**{"modulation.GEMV_STAGES": (1, 2, 3, 4), "modulation.GEMV_WARPS": (4, 8)}),
                      {"modulation.GEMV_STAGES": 3, "modulation.GEMV_WARPS": 2}),

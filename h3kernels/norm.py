@@ -124,6 +124,16 @@ def _load_ix(idx_ptr, rows, rmask, HAS_MOD: tl.constexpr):
 
 
 @triton.jit
+def _load_row_stats(rstd_ptr, idx_ptr, t0, end, TILE_S: tl.constexpr, HAS_MOD: tl.constexpr):
+    """rstd and table rows (int32) of the tile of rows [t0, t0 + TILE_S) below `end`: the small per-row loads that
+    the backward's prefetch issues a tile ahead with dy and x, so none of a step's loads waits in its own step."""
+    rows = t0 + tl.arange(0, TILE_S)
+    rmask = rows < end
+    rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+    return rstd, _load_ix(idx_ptr, rows, rmask, HAS_MOD)
+
+
+@triton.jit
 def _factor(w_ptr, tab_ptr, ix, tab_stride, scale_off, cols, cmask, HAS_MOD: tl.constexpr):
     """weight * (1 + table[ix, scale]) in fp32 (the weight alone without modulation), the per-column factor of
     xhat at columns `cols`. `ix` is one table row (a [piece] result) or a tile's rows (a [TILE_S, piece] result, the
@@ -256,22 +266,23 @@ def _rms_bwd_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_ptr, pp
     if PREFETCH:
         dya_next, xa_next = load_row_pair(dy_ptr, x_ptr, start, end, cols_a, cmask_a, H, TILE_S)
         dyb_next, xb_next = load_row_pair(dy_ptr, x_ptr, start, end, cols_b, cmask_b, H, TILE_S)
+        rstd_next, ix_next = _load_row_stats(rstd_ptr, idx_ptr, start, end, TILE_S, HAS_MOD)
     for t0 in range(start, end, TILE_S):
         rows = t0 + tl.arange(0, TILE_S)
         rmask = rows < end
-        if PREFETCH:  # this tile's rows were loaded one step ago; the next tile's loads start before its math
-            dya_raw, xa_raw, dyb_raw, xb_raw = dya_next, xa_next, dyb_next, xb_next
+        if PREFETCH:  # this tile's loads were issued one step ago; the next tile's start before its math
+            dya_raw, xa_raw, dyb_raw, xb_raw, rstd, ix = dya_next, xa_next, dyb_next, xb_next, rstd_next, ix_next
             dya_next, xa_next = load_row_pair(dy_ptr, x_ptr, t0 + TILE_S, end, cols_a, cmask_a, H, TILE_S)
             dyb_next, xb_next = load_row_pair(dy_ptr, x_ptr, t0 + TILE_S, end, cols_b, cmask_b, H, TILE_S)
+            rstd_next, ix_next = _load_row_stats(rstd_ptr, idx_ptr, t0 + TILE_S, end, TILE_S, HAS_MOD)
         else:
             dya_raw, xa_raw = load_row_pair(dy_ptr, x_ptr, t0, end, cols_a, cmask_a, H, TILE_S)
             dyb_raw, xb_raw = load_row_pair(dy_ptr, x_ptr, t0, end, cols_b, cmask_b, H, TILE_S)
+            rstd, ix = _load_row_stats(rstd_ptr, idx_ptr, t0, end, TILE_S, HAS_MOD)
         dya = dya_raw.to(tl.float32)
         dyb = dyb_raw.to(tl.float32)
-        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
         xha = xa_raw.to(tl.float32) * rstd[:, None]
         xhb = xb_raw.to(tl.float32) * rstd[:, None]
-        ix = _load_ix(idx_ptr, rows, rmask, HAS_MOD)
         row = _tile_row(ix, rmask)
         if TILE_S == 1:
             uniform = True  # static: the compiler drops the mixed-tile path, which a 1-row tile never takes

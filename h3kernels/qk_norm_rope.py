@@ -55,6 +55,9 @@ QK_BWD_PROGRAMS = 4 if is_interpreting() else 1024
 # that were half the loop's bytes. Timed in session 17 on an H100 (`bench/knob_sweep.py --ops qk_norm_rope`, S=16384):
 # 0.391 ms against 0.380 ms per row, so it loses and stays 0 (bench/RESULTS.md).
 QK_BWD_ROPE_PER_TILE = 0
+# 1: the backward issues the next tile's loads (dy, its partner lanes, cos/sin, x, rstd) before the current tile's
+# math, two tiles' loads in flight per program, as norm.py's plain backward does; 0: each tile's at its own step.
+QK_BWD_PREFETCH = 0
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -100,46 +103,79 @@ def _qk_fwd_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, rstd_ptr, ROWS, NH, D,
 
 
 @triton.jit
+def _qk_bwd_loads(dy_ptr, x_ptr, cos_ptr, sin_ptr, rstd_ptr, row0, ROWS, NH, D, RD, cols, cmask,
+                  HAS_ROPE: tl.constexpr, ROPE_PER_TILE: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+    """Every load of the tile of rows [row0, row0 + BLOCK_ROWS), as stored (dy, x in their dtype): dy, dy at the
+    partner lanes, cos, sin at the partner lanes, x, rstd. The prefetching loop issues them a tile ahead.
+
+    ROPE_PER_TILE: BLOCK_ROWS divides NH, so every tile's rows are heads of one s and cos/sin are read once per
+    tile as [1, BLOCK_D] rows (per row otherwise). Without rotary, dyp, c and sp are 0-size placeholders (scalars).
+    """
+    rows = row0 + tl.arange(0, BLOCK_ROWS)
+    rmask = rows < ROWS
+    m2 = rmask[:, None] & cmask[None, :]
+    offs = rows[:, None] * D + cols[None, :]
+    dy = tl.load(dy_ptr + offs, mask=m2, other=0.0)
+    dyp = 0.0
+    c = 1.0
+    sp = 0.0
+    if HAS_ROPE:
+        is_rot, partner, sign = _rope_lanes(cols, RD)
+        rm = rmask[:, None] & is_rot[None, :]
+        dyp = tl.load(dy_ptr + rows[:, None] * D + partner[None, :], mask=rm, other=0.0)
+        if ROPE_PER_TILE:
+            srow = (row0 // NH).to(tl.int64) * RD  # row0 is a multiple of BLOCK_ROWS: one s for all its rows
+            vm = is_rot & (row0 + 0 * cols < ROWS)  # a past-the-end tile of a program's last chunk
+            c = tl.load(cos_ptr + srow + cols, mask=vm, other=1.0)[None, :]
+            sp = tl.load(sin_ptr + srow + partner, mask=vm, other=0.0)[None, :]
+        else:
+            srow = (rows // NH).to(tl.int64) * RD
+            c = tl.load(cos_ptr + srow[:, None] + cols[None, :], mask=rm, other=1.0)
+            sp = tl.load(sin_ptr + srow[:, None] + partner[None, :], mask=rm, other=0.0)
+    x = tl.load(x_ptr + offs, mask=m2, other=0.0)
+    rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+    return dy, dyp, c, sp, x, rstd
+
+
+@triton.jit
 def _qk_bwd_kernel(dy_ptr, x_ptr, w_ptr, cos_ptr, sin_ptr, rstd_ptr, dx_ptr, pw_ptr, ROWS, NH, D, RD, ROWS_PER_PROG,
                    HAS_ROPE: tl.constexpr, ROPE_PER_TILE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                   BLOCK_D: tl.constexpr):
-    # ROPE_PER_TILE: BLOCK_ROWS divides NH, so every tile's rows are heads of one s and cos/sin are read once per
-    # tile as [BLOCK_D] rows (per row otherwise: they were half the bytes the loop loaded).
+                   BLOCK_D: tl.constexpr, PREFETCH: tl.constexpr):
+    """dx of the program's rows and its d_weight partial; PREFETCH issues the next tile's loads before this one's
+    math (the same values either way)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
     w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     dw = tl.zeros([BLOCK_D], dtype=tl.float32)
+    first = pid * ROWS_PER_PROG
+    if PREFETCH:
+        nxt = _qk_bwd_loads(dy_ptr, x_ptr, cos_ptr, sin_ptr, rstd_ptr, first, ROWS, NH, D, RD, cols, cmask,
+                            HAS_ROPE, ROPE_PER_TILE, BLOCK_ROWS)
     for r0 in range(0, ROWS_PER_PROG, BLOCK_ROWS):
-        rows = pid * ROWS_PER_PROG + r0 + tl.arange(0, BLOCK_ROWS)
-        rmask = rows < ROWS
-        m2 = rmask[:, None] & cmask[None, :]
-        offs = rows[:, None] * D + cols[None, :]
-        dy = tl.load(dy_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+        row0 = first + r0
+        if PREFETCH:
+            dy_raw, dyp, c, sp, x_raw, rstd = nxt
+            nxt = _qk_bwd_loads(dy_ptr, x_ptr, cos_ptr, sin_ptr, rstd_ptr, row0 + BLOCK_ROWS, ROWS, NH, D, RD, cols,
+                                cmask, HAS_ROPE, ROPE_PER_TILE, BLOCK_ROWS)
+        else:
+            dy_raw, dyp, c, sp, x_raw, rstd = _qk_bwd_loads(dy_ptr, x_ptr, cos_ptr, sin_ptr, rstd_ptr, row0, ROWS,
+                                                            NH, D, RD, cols, cmask, HAS_ROPE, ROPE_PER_TILE,
+                                                            BLOCK_ROWS)
+        dy = dy_raw.to(tl.float32)
         if HAS_ROPE:
             # Transposed rotation: d yn[k] = dy[k] cos[k] - sign[k] dy[p(k)] sin[p(k)] (sign[p(k)] = -sign[k]).
             is_rot, partner, sign = _rope_lanes(cols, RD)
-            rm = rmask[:, None] & is_rot[None, :]
-            dyp = tl.load(dy_ptr + rows[:, None] * D + partner[None, :], mask=rm, other=0.0).to(tl.float32)
-            if ROPE_PER_TILE:
-                row0 = pid * ROWS_PER_PROG + r0  # a multiple of BLOCK_ROWS, so of one s with all its tile rows
-                srow = (row0 // NH).to(tl.int64) * RD
-                vm = is_rot & (row0 + 0 * cols < ROWS)  # a past-the-end tile of a program's last chunk
-                c = tl.load(cos_ptr + srow + cols, mask=vm, other=1.0).to(tl.float32)[None, :]
-                sp = tl.load(sin_ptr + srow + partner, mask=vm, other=0.0).to(tl.float32)[None, :]
-            else:
-                srow = (rows // NH).to(tl.int64) * RD
-                c = tl.load(cos_ptr + srow[:, None] + cols[None, :], mask=rm, other=1.0).to(tl.float32)
-                sp = tl.load(sin_ptr + srow[:, None] + partner[None, :], mask=rm, other=0.0).to(tl.float32)
-            dy = tl.where(is_rot[None, :], dy * c - sign[None, :] * dyp * sp, dy)
-        x = tl.load(x_ptr + offs, mask=m2, other=0.0).to(tl.float32)
-        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
-        xhat = x * rstd[:, None]
+            dy = tl.where(is_rot[None, :], dy * c.to(tl.float32) - sign[None, :] * dyp.to(tl.float32)
+                          * sp.to(tl.float32), dy)
+        rows = row0 + tl.arange(0, BLOCK_ROWS)
+        m2 = (rows < ROWS)[:, None] & cmask[None, :]
+        xhat = x_raw.to(tl.float32) * rstd[:, None]
         dw += tl.sum(dy * xhat, axis=0)
         g = dy * w[None, :]
         cdot = tl.sum(g * xhat, axis=1) / D
         dx = rstd[:, None] * (g - xhat * cdot[:, None])
-        tl.store(dx_ptr + offs, cast_rne(dx, dx_ptr.dtype.element_ty), mask=m2)
+        tl.store(dx_ptr + rows[:, None] * D + cols[None, :], cast_rne(dx, dx_ptr.dtype.element_ty), mask=m2)
     tl.store(pw_ptr + pid * D + cols, dw, mask=cmask)
 
 
@@ -174,7 +210,8 @@ def _qk_bwd(dy, x, weight, cos, sin, rstd):
     per_tile = bool(QK_BWD_ROPE_PER_TILE) and NH % QK_BWD_ROWS == 0
     _qk_bwd_kernel[(n_prog,)](dy, x, weight, cos if has_rope else x, sin if has_rope else x, rstd, dx, pw, rows, NH,
                               D, RD, rows_per_prog, HAS_ROPE=has_rope, ROPE_PER_TILE=per_tile,
-                              BLOCK_ROWS=QK_BWD_ROWS, BLOCK_D=block_d, num_warps=QK_BWD_WARPS)
+                              BLOCK_ROWS=QK_BWD_ROWS, BLOCK_D=block_d, PREFETCH=QK_BWD_PREFETCH,
+                              num_warps=QK_BWD_WARPS)
     d_weight = new_empty((1, D), weight.dtype, x.device)
     finish_segments(pw, d_weight)
     return dx, d_weight.view(D)

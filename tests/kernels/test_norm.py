@@ -263,6 +263,21 @@ def test_qk_norm_rope_backward_tile_paths(rows, monkeypatch):
     assert same_bytes(grads[0], dx_per_row)
 
 
+@pytest.mark.parametrize("RD,per_tile", [(24, 0), (24, 1), (0, 0)], ids=["rope-per-row", "rope-per-tile", "norope"])
+def test_qk_norm_rope_backward_prefetch_keeps_the_bytes(RD, per_tile, monkeypatch):
+    # QK_BWD_PREFETCH only moves where the loads are issued (a tile ahead, past the last row masked): both
+    # gradients keep their bytes. 37 x 4 rows in 4-row tiles: the last program's last tiles run past the end.
+    S, NH, D = 37, 4, 32
+    args, dy = qk_args(S, NH, D, RD, torch.bfloat16, seed=6)
+    monkeypatch.setattr(qk_module, "QK_BWD_ROWS", 4)
+    monkeypatch.setattr(qk_module, "QK_BWD_ROPE_PER_TILE", per_tile)
+    grads = {}
+    for prefetch in (0, 1):
+        monkeypatch.setattr(qk_module, "QK_BWD_PREFETCH", prefetch)
+        grads[prefetch] = run(norm.qk_norm_rope, args, (0, 1), dy, poison=True)[1]
+    assert all(same_bytes(a, b) for a, b in zip(grads[0], grads[1], strict=True))
+
+
 # ------------------------------------------------------------------------------------------- validation
 
 def _bad_modulate_calls():
