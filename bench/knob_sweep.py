@@ -72,11 +72,11 @@ KNOBS: dict[str, tuple[tuple[str, ...], Any, dict[str, Any]]] = {
              lambda: _grid(**{"norm.NORM_BWD_WARPS": (8, 16, 32), "norm.NORM_BWD_CHUNKS": (100, 132, 200, 264)}),
              {"norm.NORM_BWD_WARPS": 4, "norm.NORM_BWD_CHUNKS": 3}),
     "norm_bwd": (("norm_modulate", "norm"),
-                 lambda: [{"norm.MODULATE_BWD_SPLIT": s, "norm.RMS_NORM_BWD_SPLIT": s, "norm.MODULATE_BWD_PREFETCH": p,
-                           "norm.RMS_NORM_BWD_PREFETCH": p, "norm.NORM_BWD_WARPS": w}
+                 lambda: [{"norm.MODULATE_BWD_SPLIT": s, "norm.RMS_NORM_BWD_SPLIT": s, "norm.NORM_BWD_PREFETCH": p,
+                           "norm.NORM_BWD_WARPS": w}
                           for s, p, w in itertools.product((0, 1), (0, 1), (8, 16))],
-                 {"norm.MODULATE_BWD_SPLIT": 0, "norm.RMS_NORM_BWD_SPLIT": 1, "norm.MODULATE_BWD_PREFETCH": 1,
-                  "norm.RMS_NORM_BWD_PREFETCH": 0, "norm.NORM_BWD_WARPS": 2}),
+                 {"norm.MODULATE_BWD_SPLIT": 0, "norm.RMS_NORM_BWD_SPLIT": 1, "norm.NORM_BWD_PREFETCH": 1,
+                  "norm.NORM_BWD_WARPS": 2}),
     "norm_fwd": (("norm_modulate", "norm"),
                  lambda: [{"norm.MODULATE_FWD_SPLIT": s, "norm.RMS_NORM_FWD_SPLIT": s, "norm.NORM_FWD_WARPS": w}
                           for s, w in itertools.product((0, 1), (4, 8, 16))],

@@ -70,14 +70,14 @@ from h3kernels.qk_norm_rope import qk_norm_rope
 # 251 / 230, and at 16 warps (128 at most) the modulated one spills 32 bytes.
 NORM_BWD_WARPS = 8
 NORM_BWD_CHUNKS = 4 if is_interpreting() else 132
-# 1: the backward loads the next tile's dy and x before the current tile's math (two tiles' loads in flight per
-# program: the loop is latency-bound at one program per SM); 0: each tile's loads at its own step. Same bytes either
-# way. On an H100 at S=16384 (session 18, bench/results/h100-session18b-norm_sweep.log) it ran rms_norm's backward
-# in 0.222 ms against 0.258 (79% against 68% of copy) and rms_norm_modulate's in 0.313 against 0.306 ms: on for the
-# plain norm only. With the prefetch, in one block, the modulated backward spills 120 bytes at 8 warps and 104 at
-# 16; in two pieces nothing spills (236 / 170 registers at 8 warps).
-RMS_NORM_BWD_PREFETCH = 1
-MODULATE_BWD_PREFETCH = 0
+# 1: the backward issues every load of the next tile (dy, x, rstd and the table rows) before the current tile's math
+# (two tiles' loads in flight per program: the loop is latency-bound at one program per SM); 0: each tile's loads at
+# its own step. Same bytes either way. Until session 22 the prefetch left rstd and the table rows in the tile's own
+# step, and it won for the plain norm only (H100, session 18: 0.222 against 0.258 ms) and lost for the modulated one,
+# whose table-row load then gated each step. With them prefetched too, on an H100 at S=16384 (session 22,
+# bench/results/h100-session22b-sweeps.log, two pieces, 8 warps): rms_norm_modulate's backward 0.267 ms against
+# 0.303 (66% against 58% of copy), rms_norm's 0.218 (80%). Registers (ptxas sm_90, triton 3.9): 244 / 204, no spills.
+NORM_BWD_PREFETCH = 1
 # The columns (`_pieces`). 1: a row of a width H that is not a power of two in two power-of-two pieces (4096 + 2048
 # lanes for H=5376, against one block of 8192: a quarter fewer registers); 0: one block. NORM_FWD_WARPS 0 picks
 # num_warps_for(the tile's lanes): 8 at H=5376. On the H200 at S=16384 (session 19,
@@ -92,7 +92,8 @@ NORM_FWD_WARPS = 0
 # norm_bwd_sweep.log; split x prefetch x 8 / 16 warps): rms_norm_modulate's backward ran fastest split, without the
 # prefetch, at 8 warps (0.304 ms, 58% of copy; one block at 16 warps, the old default, 0.314), rms_norm's split,
 # with the prefetch, at 8 warps (0.225 ms, 78%; one block with the prefetch at 16 warps 0.250). Split, neither
-# spills at 16 warps (ptxas on the CPU: 0 and 40 bytes against 104 and 152 in one block).
+# spills at 16 warps (ptxas on the CPU: 0 and 40 bytes against 104 and 152 in one block). Session 22's sweep, with
+# the whole-tile prefetch, again put both backwards fastest split at 8 warps.
 MODULATE_BWD_SPLIT = 1
 RMS_NORM_BWD_SPLIT = 1
 # The finish kernel sums FINISH_BLOCK_P chunk partials per step over FINISH_BLOCK_H columns.
@@ -409,7 +410,7 @@ def bwd_launch(H: int, has_mod: bool) -> dict[str, int]:
     block_a, block_b = _pieces(H, MODULATE_BWD_SPLIT if has_mod else RMS_NORM_BWD_SPLIT)
     tile = _tile(H)
     return dict(TILE_S=tile, BLOCK_A=block_a, BLOCK_B=block_b,
-                PREFETCH=MODULATE_BWD_PREFETCH if has_mod else RMS_NORM_BWD_PREFETCH,
+                PREFETCH=NORM_BWD_PREFETCH,
                 num_warps=min(NORM_BWD_WARPS, 2 * num_warps_for(tile * (block_a + block_b))))
 
 

@@ -35,29 +35,35 @@ from h3kernels._common import (
 from h3kernels.modulation import finish_segments
 
 # Rows are (s, head) pairs of D channels, in tiles of QK_*_ROWS rows at QK_*_WARPS warps. The forward runs one tile
-# per program; backward programs loop over row tiles and keep their d_weight partial in registers; 1024 programs
-# (about 8 per SM) and a 512 KB partials buffer. Fixed, so the reduction order does not depend on the machine.
+# per program; backward programs loop over row tiles and keep their d_weight partial in registers; 792 programs
+# (six per SM on 132 SMs, with the prefetch below) and a 396 KB partials buffer. Fixed, so the reduction order does not depend on the machine.
 # bench/knob_sweep.py on the H200 (session 15, bench/results/h200-session15d-sweep.log, S=16384 x 56 heads): the
 # forward is fastest at 32 rows x 8 warps (0.169 ms); the backward at 8 rows x 2 warps runs 0.348 ms against
 # 0.526 ms at the forward's tile, and 0.339 ms at 32 rows x 2 warps. Registers (ptxas sm_90, triton 3.9, with the JIT's
 # alignment attributes): forward 64 at 32 x 8; backward 94 at 8 x 2, 93 at 32 x 8, 252 at 32 x 2, no spills. (The
 # counts quoted here before session 20, 138 / 147 / 162 and ~900 bytes of spills at 32 x 2, came from a compile
-# without those attributes, so the one-program-per-SM reason given for the forward tile's slow backward was wrong.) At 8 x 2, 1024 programs
-# beat 528 / 792 / 1584 (0.344 vs 0.456 / 0.364 / 0.481 ms, bench/results/h200-session15f-qk_programs.log).
+# # without those attributes, so the one-program-per-SM reason given for the forward tile's slow backward was wrong.)
+# Without the prefetch, at 8 x 2, 1024 programs beat 528 / 792 / 1584 (0.344 vs 0.456 / 0.364 / 0.481 ms,
+# bench/results/h200-session15f-qk_programs.log); with it 792 won (below).
 # The interpreter takes 64-row tiles to run fewer Python-level programs.
 QK_FWD_ROWS = 64 if is_interpreting() else 32
 QK_FWD_WARPS = 8
 QK_BWD_ROWS = 64 if is_interpreting() else 8
 QK_BWD_WARPS = 2
-QK_BWD_PROGRAMS = 4 if is_interpreting() else 1024
+QK_BWD_PROGRAMS = 4 if is_interpreting() else 792
 # 1: the backward reads cos/sin once per row tile when QK_BWD_ROWS divides NH (every tile is then heads of one s, as
 # the real 56 heads in 8-row tiles); 0: per row, as measured in session 15. Written in session 16 to cut the loads
 # that were half the loop's bytes. Timed in session 17 on an H100 (`bench/knob_sweep.py --ops qk_norm_rope`, S=16384):
 # 0.391 ms against 0.380 ms per row, so it loses and stays 0 (bench/RESULTS.md).
 QK_BWD_ROPE_PER_TILE = 0
 # 1: the backward issues the next tile's loads (dy, its partner lanes, cos/sin, x, rstd) before the current tile's
-# math, two tiles' loads in flight per program, as norm.py's plain backward does; 0: each tile's at its own step.
-QK_BWD_PREFETCH = 0
+# math, two tiles' loads in flight per program, as norm.py's backwards do; 0: each tile's at its own step. Same bytes
+# either way. It takes registers (ptxas sm_90, triton 3.9, 8 x 2: 161 against 96), so six programs fit an SM, not
+# eight: QK_BWD_PROGRAMS goes with it. On an H100 at S=16384 (session 22, bench/results/h100-session22b-sweeps.log;
+# prefetch x tiles 8 x 2 / 16 x 4 / 32 x 8 x 528 / 792 / 1024 programs): 0.311 ms with the prefetch at 8 x 2 and 792
+# programs (six per SM, one wave; 76% of copy), against 0.380 ms (62%) for the old default (no prefetch, 1024);
+# with the prefetch, 528 programs 0.330 and 1024 (a second wave) 0.415; the larger tiles 0.435 ms or slower.
+QK_BWD_PREFETCH = 1
 
 
 # ----------------------------------------------------------------------------------------------- kernels

@@ -144,8 +144,7 @@ RUNS = [(0, 40), (1, 3), (0, 25), (2, 50), (1, 82)]
 NORM_SETTINGS = [
     pytest.param({}, id="default-chunks"),
     pytest.param(dict(NORM_BWD_CHUNKS=1), id="one-chunk"),
-    pytest.param(dict(MODULATE_BWD_PREFETCH=1 - norm.MODULATE_BWD_PREFETCH,
-                      RMS_NORM_BWD_PREFETCH=1 - norm.RMS_NORM_BWD_PREFETCH), id="prefetch-flipped"),
+    pytest.param(dict(NORM_BWD_PREFETCH=1 - norm.NORM_BWD_PREFETCH), id="prefetch-flipped"),
     pytest.param({name: 1 - getattr(norm, name) for name in ("MODULATE_FWD_SPLIT", "RMS_NORM_FWD_SPLIT",
                                                               "MODULATE_BWD_SPLIT", "RMS_NORM_BWD_SPLIT")},
                  id="split-flipped"),
@@ -179,8 +178,7 @@ def test_norm_backward_prefetch_keeps_the_bytes(H, monkeypatch):
     plain_args = [args[0], args[1], EPS]
     grads = {}
     for prefetch in (0, 1):
-        monkeypatch.setattr(norm, "MODULATE_BWD_PREFETCH", prefetch)
-        monkeypatch.setattr(norm, "RMS_NORM_BWD_PREFETCH", prefetch)
+        monkeypatch.setattr(norm, "NORM_BWD_PREFETCH", prefetch)
         grads[prefetch] = (run(norm.rms_norm_modulate, args, (0, 1, 2), dy, poison=True)[1]
                            + run(norm.rms_norm, plain_args, (0, 1), dy, poison=True)[1])
     assert all(same_bytes(a, b) for a, b in zip(grads[0], grads[1], strict=True))
