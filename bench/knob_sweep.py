@@ -1,6 +1,6 @@
 """Launch constants of h3kernels' row-wise kernels, timed at the real width: which values their defaults get.
 
-    python bench/knob_sweep.py [--ops norm,norm_bwd,norm_fwd,qk_norm_rope,qk_prefetch,gated_residual,gated_prefetch,
+    python bench/knob_sweep.py [--ops norm,norm_bwd,norm_fwd,qk_norm_rope,qk_prefetch,gated_residual,
                                adaln_stages]
                                [--seqlen 16384] [--json $OUT/sweep.json]
     python bench/knob_sweep.py --ops gated_residual --setting residual.GATED_WARPS=4 --setting residual.GATED_WARPS=8
@@ -97,10 +97,6 @@ KNOBS: dict[str, tuple[tuple[str, ...], Any, dict[str, Any]]] = {
     "adaln_stages": (("adaln",),
                      lambda: _grid(**{"modulation.GEMV_STAGES": (1, 2, 3, 4), "modulation.GEMV_WARPS": (4, 8)}),
                      {"modulation.GEMV_STAGES": 3, "modulation.GEMV_WARPS": 2}),
-    "gated_prefetch": (("gated",),
-                       lambda: _grid(**{"residual.GATED_PREFETCH": (0, 1), "residual.GATED_TILE_S": (8, 16, 32),
-                                        "residual.GATED_WARPS": (4, 8)}),
-                       {"residual.GATED_PREFETCH": 0, "residual.GATED_TILE_S": 8, "residual.GATED_WARPS": 2}),
 }
 
 

@@ -1,9 +1,10 @@
-"""Whether qk_norm_rope's backward dx keeps its bytes across row tiles (QK_BWD_ROWS) and the per-tile cos/sin read.
+"""Whether qk_norm_rope's backward dx keeps its bytes across row tiles (QK_BWD_ROWS).
 
     python bench/qk_tile_bytes.py          # on CUDA; under TRITON_INTERPRET=1 every line says "same"
 
 On CUDA the tile shape sets the layout, and with it the order of a row's sum over D; the interpreter sums a row in
-one order at any tile. Prints one line per (rows, per-tile) setting against the 8-row per-row read (the GPU default).
+one order at any tile. Prints one line per row tile against the 8-row tile (the GPU default). (Until session 22 it
+also flipped a once-per-tile cos/sin read, since dropped from the kernel.)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch  # noqa: E402
 
 from h3kernels import qk_norm_rope as qk_module  # noqa: E402
 
-S, NH, D, RD = 37, 4, 32, 24  # the shape of tests/kernels/test_norm.py::test_qk_norm_rope_backward_tile_paths
+S, NH, D, RD = 37, 4, 32, 24  # odd rows: tiles of 4, 8 and 16 rows cross the s boundaries differently
 
 
 def backward_dx(x: torch.Tensor, w: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dy: torch.Tensor):
@@ -35,16 +36,13 @@ def main() -> None:
     cos, sin = angles.cos(), angles.sin()
     dx = {}
     for rows in (4, 8, 16):
-        for per_tile in (0, 1):
-            qk_module.QK_BWD_ROWS, qk_module.QK_BWD_ROPE_PER_TILE = rows, per_tile
-            dx[rows, per_tile] = backward_dx(x, w, cos, sin, dy)
-    base = dx[8, 0]
-    print(f"device {base.device}; against rows=8 per-row")
-    for (rows, per_tile), value in dx.items():
+        qk_module.QK_BWD_ROWS = rows
+        dx[rows] = backward_dx(x, w, cos, sin, dy)
+    base = dx[8]
+    print(f"device {base.device}; against rows=8")
+    for rows, value in dx.items():
         diff = (value - base).abs().max().item()
-        print(f"rows={rows:2d} per_tile={per_tile}: {'same' if torch.equal(value, base) else 'differs'} "
-              f"(max|diff| {diff:.3e}); per-row read at this tile: "
-              f"{'same' if torch.equal(value, dx[rows, 0]) else 'differs'}")
+        print(f"rows={rows:2d}: {'same' if torch.equal(value, base) else 'differs'} (max|diff| {diff:.3e})")
 
 
 if __name__ == "__main__":

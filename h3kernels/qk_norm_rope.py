@@ -51,11 +51,10 @@ QK_FWD_WARPS = 8
 QK_BWD_ROWS = 64 if is_interpreting() else 8
 QK_BWD_WARPS = 2
 QK_BWD_PROGRAMS = 4 if is_interpreting() else 792
-# 1: the backward reads cos/sin once per row tile when QK_BWD_ROWS divides NH (every tile is then heads of one s, as
-# the real 56 heads in 8-row tiles); 0: per row, as measured in session 15. Written in session 16 to cut the loads
-# that were half the loop's bytes. Timed in session 17 on an H100 (`bench/knob_sweep.py --ops qk_norm_rope`, S=16384):
-# 0.391 ms against 0.380 ms per row, so it loses and stays 0 (bench/RESULTS.md).
-QK_BWD_ROPE_PER_TILE = 0
+# The backward reads cos/sin per row (L2 hits: one s's rows are 56 heads). A once-per-tile read (every 8-row tile is
+# heads of one s) was written in session 16 and dropped in 22: on an H100 it lost without the prefetch below (0.391
+# against 0.380 ms, session 17) and with it (0.385 against 0.313 ms at 792 programs; 136 registers, seven programs
+# per SM, lost at every count timed; bench/results/h100-session22c-sweeps.log).
 # 1: the backward issues the next tile's loads (dy, its partner lanes, cos/sin, x, rstd) before the current tile's
 # math, two tiles' loads in flight per program, as norm.py's backwards do; 0: each tile's at its own step. Same bytes
 # either way. It takes registers (ptxas sm_90, triton 3.9, 8 x 2: 161 against 96), so six programs fit an SM, not
@@ -110,12 +109,11 @@ def _qk_fwd_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, rstd_ptr, ROWS, NH, D,
 
 @triton.jit
 def _qk_bwd_loads(dy_ptr, x_ptr, cos_ptr, sin_ptr, rstd_ptr, row0, ROWS, NH, D, RD, cols, cmask,
-                  HAS_ROPE: tl.constexpr, ROPE_PER_TILE: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+                  HAS_ROPE: tl.constexpr, BLOCK_ROWS: tl.constexpr):
     """Every load of the tile of rows [row0, row0 + BLOCK_ROWS), as stored (dy, x in their dtype): dy, dy at the
     partner lanes, cos, sin at the partner lanes, x, rstd. The prefetching loop issues them a tile ahead.
 
-    ROPE_PER_TILE: BLOCK_ROWS divides NH, so every tile's rows are heads of one s and cos/sin are read once per
-    tile as [1, BLOCK_D] rows (per row otherwise). Without rotary, dyp, c and sp are 0-size placeholders (scalars).
+    Without rotary, dyp, c and sp are scalar placeholders.
     """
     rows = row0 + tl.arange(0, BLOCK_ROWS)
     rmask = rows < ROWS
@@ -129,15 +127,9 @@ def _qk_bwd_loads(dy_ptr, x_ptr, cos_ptr, sin_ptr, rstd_ptr, row0, ROWS, NH, D, 
         is_rot, partner, sign = _rope_lanes(cols, RD)
         rm = rmask[:, None] & is_rot[None, :]
         dyp = tl.load(dy_ptr + rows[:, None] * D + partner[None, :], mask=rm, other=0.0)
-        if ROPE_PER_TILE:
-            srow = (row0 // NH).to(tl.int64) * RD  # row0 is a multiple of BLOCK_ROWS: one s for all its rows
-            vm = is_rot & (row0 + 0 * cols < ROWS)  # a past-the-end tile of a program's last chunk
-            c = tl.load(cos_ptr + srow + cols, mask=vm, other=1.0)[None, :]
-            sp = tl.load(sin_ptr + srow + partner, mask=vm, other=0.0)[None, :]
-        else:
-            srow = (rows // NH).to(tl.int64) * RD
-            c = tl.load(cos_ptr + srow[:, None] + cols[None, :], mask=rm, other=1.0)
-            sp = tl.load(sin_ptr + srow[:, None] + partner[None, :], mask=rm, other=0.0)
+        srow = (rows // NH).to(tl.int64) * RD
+        c = tl.load(cos_ptr + srow[:, None] + cols[None, :], mask=rm, other=1.0)
+        sp = tl.load(sin_ptr + srow[:, None] + partner[None, :], mask=rm, other=0.0)
     x = tl.load(x_ptr + offs, mask=m2, other=0.0)
     rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
     return dy, dyp, c, sp, x, rstd
@@ -145,8 +137,8 @@ def _qk_bwd_loads(dy_ptr, x_ptr, cos_ptr, sin_ptr, rstd_ptr, row0, ROWS, NH, D, 
 
 @triton.jit
 def _qk_bwd_kernel(dy_ptr, x_ptr, w_ptr, cos_ptr, sin_ptr, rstd_ptr, dx_ptr, pw_ptr, ROWS, NH, D, RD, ROWS_PER_PROG,
-                   HAS_ROPE: tl.constexpr, ROPE_PER_TILE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                   BLOCK_D: tl.constexpr, PREFETCH: tl.constexpr):
+                   HAS_ROPE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+                   PREFETCH: tl.constexpr):
     """dx of the program's rows and its d_weight partial; PREFETCH issues the next tile's loads before this one's
     math (the same values either way)."""
     pid = tl.program_id(0)
@@ -157,17 +149,16 @@ def _qk_bwd_kernel(dy_ptr, x_ptr, w_ptr, cos_ptr, sin_ptr, rstd_ptr, dx_ptr, pw_
     first = pid * ROWS_PER_PROG
     if PREFETCH:
         nxt = _qk_bwd_loads(dy_ptr, x_ptr, cos_ptr, sin_ptr, rstd_ptr, first, ROWS, NH, D, RD, cols, cmask,
-                            HAS_ROPE, ROPE_PER_TILE, BLOCK_ROWS)
+                            HAS_ROPE, BLOCK_ROWS)
     for r0 in range(0, ROWS_PER_PROG, BLOCK_ROWS):
         row0 = first + r0
         if PREFETCH:
             dy_raw, dyp, c, sp, x_raw, rstd = nxt
             nxt = _qk_bwd_loads(dy_ptr, x_ptr, cos_ptr, sin_ptr, rstd_ptr, row0 + BLOCK_ROWS, ROWS, NH, D, RD, cols,
-                                cmask, HAS_ROPE, ROPE_PER_TILE, BLOCK_ROWS)
+                                cmask, HAS_ROPE, BLOCK_ROWS)
         else:
             dy_raw, dyp, c, sp, x_raw, rstd = _qk_bwd_loads(dy_ptr, x_ptr, cos_ptr, sin_ptr, rstd_ptr, row0, ROWS,
-                                                            NH, D, RD, cols, cmask, HAS_ROPE, ROPE_PER_TILE,
-                                                            BLOCK_ROWS)
+                                                            NH, D, RD, cols, cmask, HAS_ROPE, BLOCK_ROWS)
         dy = dy_raw.to(tl.float32)
         if HAS_ROPE:
             # Transposed rotation: d yn[k] = dy[k] cos[k] - sign[k] dy[p(k)] sin[p(k)] (sign[p(k)] = -sign[k]).
@@ -213,11 +204,9 @@ def _qk_bwd(dy, x, weight, cos, sin, rstd):
     dx = new_empty(x.shape, x.dtype, x.device)
     pw = new_empty((n_prog, 1, D), torch.float32, x.device)
     block_d = triton.next_power_of_2(D)
-    per_tile = bool(QK_BWD_ROPE_PER_TILE) and NH % QK_BWD_ROWS == 0
     _qk_bwd_kernel[(n_prog,)](dy, x, weight, cos if has_rope else x, sin if has_rope else x, rstd, dx, pw, rows, NH,
-                              D, RD, rows_per_prog, HAS_ROPE=has_rope, ROPE_PER_TILE=per_tile,
-                              BLOCK_ROWS=QK_BWD_ROWS, BLOCK_D=block_d, PREFETCH=QK_BWD_PREFETCH,
-                              num_warps=QK_BWD_WARPS)
+                              D, RD, rows_per_prog, HAS_ROPE=has_rope, BLOCK_ROWS=QK_BWD_ROWS, BLOCK_D=block_d,
+                              PREFETCH=QK_BWD_PREFETCH, num_warps=QK_BWD_WARPS)
     d_weight = new_empty((1, D), weight.dtype, x.device)
     finish_segments(pw, d_weight)
     return dx, d_weight.view(D)

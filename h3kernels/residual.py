@@ -62,17 +62,15 @@ ADD_BLOCK = 16384 if is_interpreting() else 4096
 # rows for spills that were an artefact of compiling without the JIT's alignment attributes: with them (ptxas sm_90,
 # triton 3.9, 4 table rows) 16 x 256 takes 124 registers, 32 x 256 229, neither spills. Session 21 on an H100
 # (bench/results/h100-session21-sweeps.log, S=16384, copy 3021 GB/s): 32 x 256 at 4 warps 0.224 ms (78%), 16 x 256
-# 0.234 ms without the prefetch below and 0.242 with it; 8 warps slower at every tile. 32 rows stay out: with fp32
+# 0.234 ms; 8 warps slower at every tile. 32 rows stay out: with fp32
 # inputs that tile takes 255 registers and spills 120 bytes (tests/kernels/test_compile.py, triton 3.9).
 GATED_BLOCK_H = 256
 GATED_WARPS = 4
 GATED_TILE_S = 32 if is_interpreting() else 16
 GATED_CHUNKS = 4 if is_interpreting() else 64
-# Chunks of one table row load their next tile before the current tile's math, so two tiles' loads are in flight
-# per program (norm.py's plain backward does the same): 167 registers at 16 x 256, so three programs per SM instead
-# of four. On the H100 (session 21) it lost at 16 rows (0.242 against 0.234 ms) and tied at 32 (0.224 both), so it
-# is off; bench/knob_sweep.py --ops gated_prefetch sweeps it with the tile rows and warps.
-GATED_PREFETCH = 0
+# A prefetch of the next tile before the current tile's math (two tiles' loads in flight, as norm.py's backwards do)
+# was written and dropped: 167 registers at 16 x 256 (three programs per SM, not four), and on an H100 it lost or tied
+# at every tile, warps and chunk count timed (sessions 21 and 22: 0.242 against 0.234 ms at 16 x 256).
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -112,7 +110,7 @@ def _gated_bwd_tile(dy_raw, b_raw, db_ptr, gate, rows, cols, S, H, NEED_DB: tl.c
 @triton.jit
 def _gated_bwd_kernel(dy_ptr, b_ptr, tab_ptr, idx_ptr, db_ptr, part_ptr, S, H, R, tab_stride, gate_off,
                       NEED_DB: tl.constexpr, CHUNK_S: tl.constexpr, TILE_S: tl.constexpr, BLOCK_H: tl.constexpr,
-                      BLOCK_R: tl.constexpr, PREFETCH: tl.constexpr):
+                      BLOCK_R: tl.constexpr):
     pid_c = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     cmask = cols < H
@@ -127,15 +125,9 @@ def _gated_bwd_kernel(dy_ptr, b_ptr, tab_ptr, idx_ptr, db_ptr, part_ptr, S, H, R
             gate = tl.load(tab_ptr + crow.to(tl.int64) * tab_stride + gate_off + cols, mask=cmask, other=0.0)
             gate = gate.to(tl.float32)[None, :]
         run = tl.zeros([TILE_S, BLOCK_H], dtype=tl.float32)
-        if PREFETCH:
-            dy_next, b_next = load_row_pair(dy_ptr, b_ptr, start, end, cols, cmask, H, TILE_S)
         for t in range(0, CHUNK_S, TILE_S):
             t0 = start + t
-            if PREFETCH:  # this tile was loaded one step ago; the next tile's loads start before its math
-                dy_raw, b_raw = dy_next, b_next
-                dy_next, b_next = load_row_pair(dy_ptr, b_ptr, t0 + TILE_S, end, cols, cmask, H, TILE_S)
-            else:
-                dy_raw, b_raw = load_row_pair(dy_ptr, b_ptr, t0, end, cols, cmask, H, TILE_S)
+            dy_raw, b_raw = load_row_pair(dy_ptr, b_ptr, t0, end, cols, cmask, H, TILE_S)
             run += _gated_bwd_tile(dy_raw, b_raw, db_ptr, gate, t0 + tl.arange(0, TILE_S), cols, S, H, NEED_DB)
         acc = add_row(acc, tl.sum(run, axis=0), crow, rids)
     else:
@@ -195,7 +187,7 @@ def _gated_bwd(dy, branch, table, idx, gate_off, need_db, need_t):
     grid = (nc, triton.cdiv(H, GATED_BLOCK_H))
     _gated_bwd_kernel[grid](dy, branch, table, idx, db if need_db else partials, partials, S, H, R, table.stride(0),
                             gate_off, NEED_DB=need_db, CHUNK_S=chunk, TILE_S=tile, BLOCK_H=GATED_BLOCK_H,
-                            BLOCK_R=block_r, PREFETCH=GATED_PREFETCH, num_warps=GATED_WARPS)
+                            BLOCK_R=block_r, num_warps=GATED_WARPS)
     d_table = None
     if need_t:
         # Chunks other than the gate get exact zeros (this op does not read them).

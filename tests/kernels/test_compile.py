@@ -57,7 +57,7 @@ def comp(name, fn, ptrs, const, warps):
 chunk = triton.next_power_of_2(N.bwd_plan(16384, 5376)[0])
 seg = dict(CHUNK_S=256, TILE_S=M.SEG_TILE_S, BLOCK_H=M.SEG_BLOCK_H, BLOCK_R=16)
 gated_chunk, gated_tile, _, _ = Rz.bwd_plan(16384, 16)
-gated = dict(CHUNK_S=gated_chunk, TILE_S=gated_tile, BLOCK_H=Rz.GATED_BLOCK_H, BLOCK_R=16, PREFETCH=Rz.GATED_PREFETCH)
+gated = dict(CHUNK_S=gated_chunk, TILE_S=gated_tile, BLOCK_H=Rz.GATED_BLOCK_H, BLOCK_R=16)
 for wd in ("bf16", "fp32"):
     comp(f"adaln_fwd {wd}", M._adaln_fwd_kernel, dict(temb_ptr="fp32", w_ptr=wd, b_ptr=wd, out_ptr="fp32"),
          dict(BLOCK_T=4, BLOCK_C=M.GEMV_BLOCK_C, BLOCK_E=M.GEMV_BLOCK_E, STAGES=M.GEMV_STAGES), M.GEMV_WARPS)
@@ -90,11 +90,10 @@ for wd in ("bf16", "fp32"):
         comp(f"qk_fwd rope={rope} {wd}", Q._qk_fwd_kernel,
              dict(x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", y_ptr=wd, rstd_ptr="fp32"),
              dict(HAS_ROPE=rope, BLOCK_ROWS=Q.QK_FWD_ROWS, BLOCK_D=128), Q.QK_FWD_WARPS)
-        for per_tile in (True, False) if rope else (False,):
-            comp(f"qk_bwd rope={rope} per_tile={per_tile} {wd}", Q._qk_bwd_kernel,
-                 dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", rstd_ptr="fp32", dx_ptr=wd,
-                      pw_ptr="fp32"), dict(HAS_ROPE=rope, ROPE_PER_TILE=per_tile, BLOCK_ROWS=Q.QK_BWD_ROWS,
-                                           BLOCK_D=128, PREFETCH=Q.QK_BWD_PREFETCH), Q.QK_BWD_WARPS)
+        comp(f"qk_bwd rope={rope} {wd}", Q._qk_bwd_kernel,
+             dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", rstd_ptr="fp32", dx_ptr=wd,
+                  pw_ptr="fp32"), dict(HAS_ROPE=rope, BLOCK_ROWS=Q.QK_BWD_ROWS, BLOCK_D=128,
+                                       PREFETCH=Q.QK_BWD_PREFETCH), Q.QK_BWD_WARPS)
     bs_e, bh_e, _ = Rz._elem_plan(4096, 5376)
     comp(f"gated_fwd {wd}", Rz._gated_fwd_kernel, dict(x_ptr=wd, b_ptr=wd, tab_ptr="fp32", idx_ptr="i64", y_ptr=wd),
          dict(BLOCK_S=bs_e, BLOCK_H=bh_e), 4)

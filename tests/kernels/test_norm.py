@@ -240,35 +240,13 @@ def test_qk_norm_rope_rows_independent():
     assert same_bytes(out[keep], out2[keep]) and same_bytes(dx[keep], dx2[keep])
 
 
-@pytest.mark.parametrize("rows", [4, 8], ids=["cos-sin-per-tile", "cos-sin-per-row"])
-def test_qk_norm_rope_backward_tile_paths(rows, monkeypatch):
-    # With QK_BWD_ROPE_PER_TILE the backward reads cos/sin once per tile when its row tile divides NH (every tile
-    # is heads of one s: the real 56 heads in 8-row tiles), else per row. With NH=4, 4-row tiles take the first
-    # path, 8-row tiles the second (each spans two s). Both must match float64, and dx must have the bytes of the
-    # per-row read at the same tile (the same values, read once instead of per row). Across tile sizes the bytes
-    # may differ on CUDA, where the tile shape sets the layout and so the order of a row's sum over D: on an H100
-    # (session 18) the 4-row per-tile dx differed from the 8-row default's. The interpreter sums a row in one
-    # order at any tile.
-    S, NH, D, RD = 37, 4, 32, 24
-    args, dy = qk_args(S, NH, D, RD, torch.float32, seed=4)
-    monkeypatch.setattr(qk_module, "QK_BWD_ROWS", rows)
-    _, (dx_per_row, _) = run(norm.qk_norm_rope, args, (0, 1), dy)
-    monkeypatch.setattr(qk_module, "QK_BWD_ROPE_PER_TILE", 1)
-    out, grads = run(norm.qk_norm_rope, args, (0, 1), dy, poison=True)
-    tout, tgrads = run(ref.qk_norm_rope, args, (0, 1), dy, cast=torch.float64)
-    for name, c, t in zip(("x", "weight"), grads, tgrads, strict=True):
-        assert_close("qk_norm_rope", torch.float32, f"grad:{name}", c, t)
-    assert same_bytes(grads[0], dx_per_row)
-
-
-@pytest.mark.parametrize("RD,per_tile", [(24, 0), (24, 1), (0, 0)], ids=["rope-per-row", "rope-per-tile", "norope"])
-def test_qk_norm_rope_backward_prefetch_keeps_the_bytes(RD, per_tile, monkeypatch):
+@pytest.mark.parametrize("RD", [24, 0], ids=["rope", "norope"])
+def test_qk_norm_rope_backward_prefetch_keeps_the_bytes(RD, monkeypatch):
     # QK_BWD_PREFETCH only moves where the loads are issued (a tile ahead, past the last row masked): both
     # gradients keep their bytes. 37 x 4 rows in 4-row tiles: the last program's last tiles run past the end.
     S, NH, D = 37, 4, 32
     args, dy = qk_args(S, NH, D, RD, torch.bfloat16, seed=6)
     monkeypatch.setattr(qk_module, "QK_BWD_ROWS", 4)
-    monkeypatch.setattr(qk_module, "QK_BWD_ROPE_PER_TILE", per_tile)
     grads = {}
     for prefetch in (0, 1):
         monkeypatch.setattr(qk_module, "QK_BWD_PREFETCH", prefetch)
