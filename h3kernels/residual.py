@@ -71,6 +71,9 @@ GATED_CHUNKS = 4 if is_interpreting() else 64
 # A prefetch of the next tile before the current tile's math (two tiles' loads in flight, as norm.py's backwards do)
 # was written and dropped: 167 registers at 16 x 256 (three programs per SM, not four), and on an H100 it lost or tied
 # at every tile, warps and chunk count timed (sessions 21 and 22: 0.242 against 0.234 ms at 16 x 256).
+# 1: the grid's first (fastest-launched) axis is the column block, so the programs resident together read whole rows
+# of a few chunks; 0: it is the row chunk, so they read one 512-byte column slice of many chunks' rows.
+GATED_COLS_FIRST = 1
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -110,9 +113,10 @@ def _gated_bwd_tile(dy_raw, b_raw, db_ptr, gate, rows, cols, S, H, NEED_DB: tl.c
 @triton.jit
 def _gated_bwd_kernel(dy_ptr, b_ptr, tab_ptr, idx_ptr, db_ptr, part_ptr, S, H, R, tab_stride, gate_off,
                       NEED_DB: tl.constexpr, CHUNK_S: tl.constexpr, TILE_S: tl.constexpr, BLOCK_H: tl.constexpr,
-                      BLOCK_R: tl.constexpr):
-    pid_c = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+                      BLOCK_R: tl.constexpr, COLS_FIRST: tl.constexpr):
+    # COLS_FIRST: the column block is grid axis 0, so programs launched together read whole rows of one chunk.
+    pid_c = tl.program_id(1 if COLS_FIRST else 0)
+    cols = tl.program_id(0 if COLS_FIRST else 1) * BLOCK_H + tl.arange(0, BLOCK_H)
     cmask = cols < H
     rids = tl.arange(0, BLOCK_R)
     acc = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
@@ -185,9 +189,11 @@ def _gated_bwd(dy, branch, table, idx, gate_off, need_db, need_t):
     db = new_empty((S, H), branch.dtype, branch.device) if need_db else None
     partials = new_empty((nc, R, H), torch.float32, branch.device)
     grid = (nc, triton.cdiv(H, GATED_BLOCK_H))
+    if GATED_COLS_FIRST:
+        grid = grid[::-1]
     _gated_bwd_kernel[grid](dy, branch, table, idx, db if need_db else partials, partials, S, H, R, table.stride(0),
                             gate_off, NEED_DB=need_db, CHUNK_S=chunk, TILE_S=tile, BLOCK_H=GATED_BLOCK_H,
-                            BLOCK_R=block_r, num_warps=GATED_WARPS)
+                            BLOCK_R=block_r, COLS_FIRST=GATED_COLS_FIRST, num_warps=GATED_WARPS)
     d_table = None
     if need_t:
         # Chunks other than the gate get exact zeros (this op does not read them).
