@@ -23,9 +23,9 @@ Backward
     dQ without float atomics). Results are deterministic and byte-identical run to run.
 
 Fused dQ (AttnConfig.dq_fused, bfloat16 only; off by default: on an H100 at S=16384 its backward ran at 194 TFLOP/s
-    against the separate kernels' 413, bench/RESULTS.md session 17): 5 matmuls. Each dK/dV program adds its share of every query row's
-    dQ, rounded to a fixed-point integer, into int32 accumulators with atomics; integer sums do not depend on the
-    order the adds land in, so results stay byte-identical. Row i's unit is bound_i / 2**30 with
+    against the separate kernels' 413, bench/RESULTS.md session 17): 5 matmuls. Each dK/dV program adds its share
+    of every query row's dQ, rounded to a fixed-point integer, into int32 accumulators with atomics; integer sums
+    do not depend on the order the adds land in, so results stay byte-identical. Row i's unit is bound_i / 2**30 with
     bound_i = 2 |dO_i|_2 max_j |v_j|_2 max_{j,d} |k_jd| (per batch and head), which bounds the sum of the absolute
     shares: sum_j |dS_ij| <= max_j |dP_ij| + |delta_i| <= 2 |dO_i| max_j |v_j|. No sum can overflow (half the int32
     range is headroom for the bf16 rounding of dS) and each share is off by at most half a unit, so dq_i's added

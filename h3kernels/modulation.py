@@ -157,7 +157,8 @@ def _adaln_bwd_weight_kernel(temb_ptr, dtab_ptr, dw_ptr, db_ptr, T, C, E,
 
 @triton.jit
 def _adaln_bwd_temb_partial_kernel(w_ptr, dtab_ptr, part_ptr, T, C, E, C_PER_SPLIT,
-                                   BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr, STAGES: tl.constexpr):
+                                   BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr,
+                                   STAGES: tl.constexpr):
     pid_e = tl.program_id(0)
     pid_s = tl.program_id(1)
     es = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)

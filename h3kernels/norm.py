@@ -84,7 +84,8 @@ NORM_BWD_PREFETCH = 1
 # bench/results/h200-session19-norm_fwd_sweep.log): the modulated forward ran in 0.122 ms split against 0.138 ms
 # in one block (68% against 60% of copy), the plain one in 0.104 against 0.093 ms: split for the modulated norm
 # only. Not a register limit: at 8 warps the modulated forward takes 55 registers split and 72 in one block (three
-# programs per SM or more either way; the session-19 counts, 92 / 150, came from the compile without alignment). 4 warps tied 8 for both (0.122 / 0.093 ms); 16 lost (0.160 / 0.094).
+# programs per SM or more either way; the session-19 counts, 92 / 150, came from the compile without alignment).
+# 4 warps tied 8 for both (0.122 / 0.093 ms); 16 lost (0.160 / 0.094).
 MODULATE_FWD_SPLIT = 1
 RMS_NORM_FWD_SPLIT = 0
 NORM_FWD_WARPS = 0

@@ -36,13 +36,14 @@ from h3kernels.modulation import finish_segments
 
 # Rows are (s, head) pairs of D channels, in tiles of QK_*_ROWS rows at QK_*_WARPS warps. The forward runs one tile
 # per program; backward programs loop over row tiles and keep their d_weight partial in registers; 792 programs
-# (six per SM on 132 SMs, with the prefetch below) and a 396 KB partials buffer. Fixed, so the reduction order does not depend on the machine.
+# (six per SM on 132 SMs, with the prefetch below) and a 396 KB partials buffer. Fixed, so the reduction order does
+# not depend on the machine.
 # bench/knob_sweep.py on the H200 (session 15, bench/results/h200-session15d-sweep.log, S=16384 x 56 heads): the
 # forward is fastest at 32 rows x 8 warps (0.169 ms); the backward at 8 rows x 2 warps runs 0.348 ms against
 # 0.526 ms at the forward's tile, and 0.339 ms at 32 rows x 2 warps. Registers (ptxas sm_90, triton 3.9, with the JIT's
 # alignment attributes): forward 64 at 32 x 8; backward 94 at 8 x 2, 93 at 32 x 8, 252 at 32 x 2, no spills. (The
 # counts quoted here before session 20, 138 / 147 / 162 and ~900 bytes of spills at 32 x 2, came from a compile
-# # without those attributes, so the one-program-per-SM reason given for the forward tile's slow backward was wrong.)
+# without those attributes, so the one-program-per-SM reason given for the forward tile's slow backward was wrong.)
 # Without the prefetch, at 8 x 2, 1024 programs beat 528 / 792 / 1584 (0.344 vs 0.456 / 0.364 / 0.481 ms,
 # bench/results/h200-session15f-qk_programs.log); with it 792 won (below).
 # The interpreter takes 64-row tiles to run fewer Python-level programs.

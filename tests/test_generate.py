@@ -50,7 +50,8 @@ def test_generation_gate_of_the_candidate(gated_tiny):
     not (ATen's GEMMs; measured on an AVX-512 host with oneDNN off and ATEN_CPU_CAPABILITY=avx2) every provider is
     more accurate on the final audio latents (max error 5.28e-3 against the candidate's 5.75e-3), k is 1.08 and the
     candidate fails there at 1.007 x its bound; on a real AVX2 host (the CI host) step2/audio_velocity fails too, at
-    1.046 x, and final/audio_latents at 1.146 x. Only audio tensors of the last step fail, each within 20% of its bound."""
+    1.046 x, and final/audio_latents at 1.146 x. Only audio tensors of the last step fail, each within 20% of its
+    bound."""
     store, preset, checkpoint, reference, gid = gated_tiny
     outcome = gen.run_generate(store, reference, preset, checkpoint, device="cpu", num_steps=STEPS)
     doc = outcome.doc
