@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 23, first GPU call (under 320 s): session 22e's untimed sweep (gated_residual's backward with the grid's
+# Session 23, first GPU call (under 320 s): the sweep session 22 wrote but never ran (gated_residual's backward with the grid's
 # axes swapped, residual.GATED_COLS_FIRST, by tile), then the norm, residual and segment tests on CUDA, then the
 # issue-4 suite on the current defaults (the card that comes is in stamps.txt: no H200 has run these defaults yet).
 source bench/device_env.sh || exit 1

@@ -73,7 +73,7 @@ GATED_CHUNKS = 4 if is_interpreting() else 64
 # at every tile, warps and chunk count timed (sessions 21 and 22: 0.242 against 0.234 ms at 16 x 256).
 # 1: the grid's first (fastest-launched) axis is the column block, so the programs resident together read whole rows
 # of a few chunks; 0: it is the row chunk, so they read one 512-byte column slice of many chunks' rows. Not yet timed
-# (bench/gpu_session22e.sh got no machine in session 22), so the measured order stays the default.
+# (bench/gpu_session23.sh times it), so the measured order stays the default.
 GATED_COLS_FIRST = 0
 
 
