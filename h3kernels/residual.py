@@ -71,10 +71,6 @@ GATED_CHUNKS = 4 if is_interpreting() else 64
 # A prefetch of the next tile before the current tile's math (two tiles' loads in flight, as norm.py's backwards do)
 # was written and dropped: 167 registers at 16 x 256 (three programs per SM, not four), and on an H100 it lost or tied
 # at every tile, warps and chunk count timed (sessions 21 and 22: 0.242 against 0.234 ms at 16 x 256).
-# 1: the grid's first (fastest-launched) axis is the column block, so the programs resident together read whole rows
-# of a few chunks; 0: it is the row chunk, so they read one 512-byte column slice of many chunks' rows. Not yet timed
-# (bench/gpu_session23.sh times it), so the measured order stays the default.
-GATED_COLS_FIRST = 0
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -114,10 +110,9 @@ def _gated_bwd_tile(dy_raw, b_raw, db_ptr, gate, rows, cols, S, H, NEED_DB: tl.c
 @triton.jit
 def _gated_bwd_kernel(dy_ptr, b_ptr, tab_ptr, idx_ptr, db_ptr, part_ptr, S, H, R, tab_stride, gate_off,
                       NEED_DB: tl.constexpr, CHUNK_S: tl.constexpr, TILE_S: tl.constexpr, BLOCK_H: tl.constexpr,
-                      BLOCK_R: tl.constexpr, COLS_FIRST: tl.constexpr):
-    # COLS_FIRST: the column block is grid axis 0, so programs launched together read whole rows of one chunk.
-    pid_c = tl.program_id(1 if COLS_FIRST else 0)
-    cols = tl.program_id(0 if COLS_FIRST else 1) * BLOCK_H + tl.arange(0, BLOCK_H)
+                      BLOCK_R: tl.constexpr):
+    pid_c = tl.program_id(1)  # the column block is axis 0 (see _gated_bwd)
+    cols = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
     cmask = cols < H
     rids = tl.arange(0, BLOCK_R)
     acc = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
@@ -189,12 +184,15 @@ def _gated_bwd(dy, branch, table, idx, gate_off, need_db, need_t):
     chunk, tile, block_r, nc = bwd_plan(S, R)
     db = new_empty((S, H), branch.dtype, branch.device) if need_db else None
     partials = new_empty((nc, R, H), torch.float32, branch.device)
-    grid = (nc, triton.cdiv(H, GATED_BLOCK_H))
-    if GATED_COLS_FIRST:
-        grid = grid[::-1]
+    # The column block is the grid's first (fastest-launched) axis, so the programs resident together read whole rows
+    # of a few chunks, not one 512-byte column slice of many chunks' rows (the same programs and sums: same bytes).
+    # On an H100 at S=16384 (session 23, bench/results/h100-session23-sweeps.log, copy 3022 GB/s) this order ran the
+    # backward in 0.212-0.217 ms (81-83% of copy) at 8 x 512, 16 x 256 and 32 x 256 against 0.224-0.244 ms (72-78%)
+    # with the row chunk first.
+    grid = (triton.cdiv(H, GATED_BLOCK_H), nc)
     _gated_bwd_kernel[grid](dy, branch, table, idx, db if need_db else partials, partials, S, H, R, table.stride(0),
                             gate_off, NEED_DB=need_db, CHUNK_S=chunk, TILE_S=tile, BLOCK_H=GATED_BLOCK_H,
-                            BLOCK_R=block_r, COLS_FIRST=GATED_COLS_FIRST, num_warps=GATED_WARPS)
+                            BLOCK_R=block_r, num_warps=GATED_WARPS)
     d_table = None
     if need_t:
         # Chunks other than the gate get exact zeros (this op does not read them).

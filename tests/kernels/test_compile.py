@@ -57,8 +57,7 @@ def comp(name, fn, ptrs, const, warps):
 chunk = triton.next_power_of_2(N.bwd_plan(16384, 5376)[0])
 seg = dict(CHUNK_S=256, TILE_S=M.SEG_TILE_S, BLOCK_H=M.SEG_BLOCK_H, BLOCK_R=16)
 gated_chunk, gated_tile, _, _ = Rz.bwd_plan(16384, 16)
-gated = dict(CHUNK_S=gated_chunk, TILE_S=gated_tile, BLOCK_H=Rz.GATED_BLOCK_H, BLOCK_R=16,
-             COLS_FIRST=Rz.GATED_COLS_FIRST)
+gated = dict(CHUNK_S=gated_chunk, TILE_S=gated_tile, BLOCK_H=Rz.GATED_BLOCK_H, BLOCK_R=16)
 for wd in ("bf16", "fp32"):
     comp(f"adaln_fwd {wd}", M._adaln_fwd_kernel, dict(temb_ptr="fp32", w_ptr=wd, b_ptr=wd, out_ptr="fp32"),
          dict(BLOCK_T=4, BLOCK_C=M.GEMV_BLOCK_C, BLOCK_E=M.GEMV_BLOCK_E, STAGES=M.GEMV_STAGES), M.GEMV_WARPS)

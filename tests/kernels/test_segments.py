@@ -145,17 +145,3 @@ def test_uniform_chunk_is_summed_in_its_own_order(op):
         results.append(got)
     assert not all(same_bytes(a, b) for a, b in zip(*results, strict=True)), (
         f"{op}: the uniform chunk summed in the tile-by-tile order (its fast path did not run?)")
-
-
-@pytest.mark.parametrize("name", LAYOUTS)
-def test_gated_residual_grid_order_changes_no_bits(name, monkeypatch):
-    """GATED_COLS_FIRST only swaps the grid's axes (which programs run together): every output and gradient keeps
-    its bits, each program summing the same rows of the same columns."""
-    fn, _, args, dy, grad_of = inputs("gated_residual", layout(name, "gated_residual"))
-    results = []
-    for cols_first in (0, 1):
-        monkeypatch.setattr(residual, "GATED_COLS_FIRST", cols_first)
-        out, grads = run(fn, args, grad_of, dy, poison=True)
-        results.append([out, *grads])
-    for i, (a, b) in enumerate(zip(*results, strict=True)):
-        assert same_bytes(a, b), f"{name}: result {i} differs between GATED_COLS_FIRST=0 and 1"
