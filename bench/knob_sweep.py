@@ -1,6 +1,6 @@
 """Launch constants of h3kernels' row-wise kernels, timed at the real width: which values their defaults get.
 
-    python bench/knob_sweep.py [--ops norm,norm_bwd,norm_fwd,qk_norm_rope,qk_prefetch,gated_residual,
+    python bench/knob_sweep.py [--ops norm,norm_bwd,norm_finish,norm_fwd,qk_norm_rope,qk_prefetch,gated_residual,
                                adaln_stages]
                                [--seqlen 16384] [--json $OUT/sweep.json]
     python bench/knob_sweep.py --ops gated_residual --setting residual.GATED_WARPS=4 --setting residual.GATED_WARPS=8
@@ -77,6 +77,10 @@ KNOBS: dict[str, tuple[tuple[str, ...], Any, dict[str, Any]]] = {
                           for s, p, w in itertools.product((0, 1), (0, 1), (8, 16))],
                  {"norm.MODULATE_BWD_SPLIT": 0, "norm.RMS_NORM_BWD_SPLIT": 1, "norm.NORM_BWD_PREFETCH": 1,
                   "norm.NORM_BWD_WARPS": 2}),
+    "norm_finish": (("norm_modulate", "norm"),
+                    lambda: [{"norm.FINISH_BLOCK_P": p, "norm.FINISH_BLOCK_H": 4096 // p}
+                             for p in (16, 32, 64, 128, 256)],
+                    {"norm.FINISH_BLOCK_P": 4, "norm.FINISH_BLOCK_H": 16}),
     "norm_fwd": (("norm_modulate", "norm"),
                  lambda: [{"norm.MODULATE_FWD_SPLIT": s, "norm.RMS_NORM_FWD_SPLIT": s, "norm.NORM_FWD_WARPS": w}
                           for s, w in itertools.product((0, 1), (4, 8, 16))],

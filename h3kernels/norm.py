@@ -48,7 +48,6 @@ from h3kernels._common import (
     num_warps_for,
     row_tile,
 )
-from h3kernels.modulation import FINISH_BLOCK_P
 from h3kernels.qk_norm_rope import qk_norm_rope
 
 # Every kernel holds whole rows in tiles of `row_tile` rows (1 at the real width, up to 16 at narrow widths), a row's
@@ -97,7 +96,11 @@ NORM_FWD_WARPS = 0
 # the whole-tile prefetch, again put both backwards fastest split at 8 warps.
 MODULATE_BWD_SPLIT = 1
 RMS_NORM_BWD_SPLIT = 1
-# The finish kernel sums FINISH_BLOCK_P chunk partials per step over FINISH_BLOCK_H columns.
+# The finish kernel: one program per FINISH_BLOCK_H columns loops over the table rows and, per row, over the chunk
+# partials FINISH_BLOCK_P at a time (each step two dependent loads: the touched flags, then the partials they mask),
+# so a program runs R * cdiv(NC, FINISH_BLOCK_P) latency-bound steps: 54 for a block's R=6 at 132 chunks, 9 for the
+# plain norm's one row. To be timed: fewer, taller steps over narrower column blocks.
+FINISH_BLOCK_P = 16
 FINISH_BLOCK_H = 256
 
 

@@ -85,7 +85,7 @@ for wd in ("bf16", "fp32"):
         comp(f"rms_finish mod={mod} {wd}", N._rms_bwd_finish_kernel,
              dict(pp_ptr="fp32", pq_ptr="fp32", touched_ptr="i8", w_ptr=wd, tab_ptr="fp32", dw_ptr=wd,
                   dtab_ptr="fp32"),
-             dict(HAS_MOD=mod, BLOCK_P=M.FINISH_BLOCK_P, BLOCK_H=N.FINISH_BLOCK_H), 4)
+             dict(HAS_MOD=mod, BLOCK_P=N.FINISH_BLOCK_P, BLOCK_H=N.FINISH_BLOCK_H), 4)
     for rope in (True, False):
         comp(f"qk_fwd rope={rope} {wd}", Q._qk_fwd_kernel,
              dict(x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", y_ptr=wd, rstd_ptr="fp32"),
