@@ -4,8 +4,9 @@
 
 `bench/kernel_suite.py` times each op's whole backward (rms_norm_modulate 5.15 ms, gated_residual 2.48 ms at
 S=16384 on the H200, session 2). This splits them: norm.py's one backward kernel asked for dx only, for the
-parameter partials (plus their finish) only, and for both; gated_residual's d_table alone and with d_branch; on the
-real packed layout (`bench.block.layout`), L2 flushed before each call. It also prints how many row chunks of that
+parameter partials (plus their finish) only, and for both, next to the plain norm's (the same bytes, one partial
+row per chunk); gated_residual's d_table alone and with d_branch; on the real packed layout
+(`bench.block.layout`), L2 flushed before each call. It also prints how many row chunks of that
 layout are one table row (the fast path of gated_residual's segmented sums).
 """
 
@@ -66,6 +67,7 @@ def main() -> None:
     x, dy, branch = randn(S, H), randn(S, H), randn(S, H)
     weight, table = 1 + randn(H, std=0.02), randn(R, 6 * H, dtype=torch.float32, std=0.1)
     _, rstd = _rms_fwd(x, weight, table, idx, 0, H, 1e-5)
+    _, rstd_plain = _rms_fwd(x, weight, None, None, 0, 0, 1e-5)
     flush = None if args.smoke else torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
     iters = 2 if args.smoke else 20
 
@@ -78,6 +80,8 @@ def main() -> None:
         ("rms_norm_modulate bwd: d_weight+d_table only", t(lambda: _rms_bwd(dy, x, weight, table, idx, rstd, 0, H,
                                                                               False, True, True))),
         ("rms_norm_modulate bwd: all", t(lambda: _rms_bwd(dy, x, weight, table, idx, rstd, 0, H, True, True, True))),
+        ("rms_norm bwd: all",
+         t(lambda: _rms_bwd(dy, x, weight, None, None, rstd_plain, 0, 0, True, True, False))),
         ("gated_residual bwd: d_table only", t(lambda: _gated_bwd(dy, branch, table, idx, 2 * H, False, True))),
         ("gated_residual bwd: d_branch+d_table", t(lambda: _gated_bwd(dy, branch, table, idx, 2 * H, True, True))),
     ]
