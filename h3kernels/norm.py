@@ -98,10 +98,12 @@ MODULATE_BWD_SPLIT = 1
 RMS_NORM_BWD_SPLIT = 1
 # The finish kernel: one program per FINISH_BLOCK_H columns loops over the table rows and, per row, over the chunk
 # partials FINISH_BLOCK_P at a time (each step two dependent loads: the touched flags, then the partials they mask),
-# so a program runs R * cdiv(NC, FINISH_BLOCK_P) latency-bound steps: 54 for a block's R=6 at 132 chunks, 9 for the
-# plain norm's one row. To be timed: fewer, taller steps over narrower column blocks.
-FINISH_BLOCK_P = 16
-FINISH_BLOCK_H = 256
+# so a program runs R * cdiv(NC, FINISH_BLOCK_P) latency-bound steps. At 16 x 256 (the first default) that was 54
+# steps for a block's R=6 at 132 chunks: on an H100 at S=16384 (session 23, bench/results/h100-session23b-finish.log,
+# copy 3022 GB/s) rms_norm_modulate's backward ran 0.268 ms (66% of copy), rms_norm's 0.218 (80%); one step per
+# table row at 256 x 16 (336 programs) 0.222 (79%) and 0.208 (84%); 128 x 32 0.227 / 0.208, 64 x 64 0.233 / 0.211.
+FINISH_BLOCK_P = 256
+FINISH_BLOCK_H = 16
 
 
 # ----------------------------------------------------------------------------------------------- kernels

@@ -55,18 +55,21 @@ ELEM_TILE = 16384 if is_interpreting() else 4096
 ELEM_MAX_BLOCK_H = 1024  # a [4, 1024] tile at H=5376: 6 column blocks per row, coalesced 2 KB row segments
 ADD_BLOCK = 16384 if is_interpreting() else 4096
 # The backward's segmented table-gradient sums (modulation.py's order): GATED_BLOCK_H columns x GATED_TILE_S rows
-# per step at GATED_WARPS warps, about GATED_CHUNKS row chunks (S=16384: 64 chunks of 256 rows x 21 column blocks
-# = 1344 programs at H=5376). Fixed numbers, so the reduction order depends on the shape only. bench/knob_sweep.py
+# per step at GATED_WARPS warps, about GATED_CHUNKS row chunks (S=16384: 64 chunks of 256 rows x 11 column blocks
+# = 704 programs at H=5376). Fixed numbers, so the reduction order depends on the shape only. bench/knob_sweep.py
 # on the H200 (session 15, bench/results/h200-session15d-sweep.log, S=16384): 16 x 256 at 4 warps, 0.183 ms (68% of
 # copy); 8 warps (the first default) 0.211 ms; the fastest timed, 32 x 256 at 4 warps, 0.173 ms. Session 15 kept 16
 # rows for spills that were an artefact of compiling without the JIT's alignment attributes: with them (ptxas sm_90,
 # triton 3.9, 4 table rows) 16 x 256 takes 124 registers, 32 x 256 229, neither spills. Session 21 on an H100
 # (bench/results/h100-session21-sweeps.log, S=16384, copy 3021 GB/s): 32 x 256 at 4 warps 0.224 ms (78%), 16 x 256
 # 0.234 ms; 8 warps slower at every tile. 32 rows stay out: with fp32
-# inputs that tile takes 255 registers and spills 120 bytes (tests/kernels/test_compile.py, triton 3.9).
-GATED_BLOCK_H = 256
+# inputs that tile takes 255 registers and spills 120 bytes (tests/kernels/test_compile.py, triton 3.9). With the
+# column block first in the grid (see _gated_bwd; session 23, bench/results/h100-session23b-gated.log, H100):
+# 8 x 512 and 16 x 512 0.212 ms (83% of copy), 4 x 1024 0.214, 16 x 256 0.215, 32 x 256 0.217, 8 x 1024 0.221;
+# 8 x 512 also won the first call of that session (0.212 against 0.215 at 16 x 256), and holds as many values.
+GATED_BLOCK_H = 512
 GATED_WARPS = 4
-GATED_TILE_S = 32 if is_interpreting() else 16
+GATED_TILE_S = 32 if is_interpreting() else 8
 GATED_CHUNKS = 4 if is_interpreting() else 64
 # A prefetch of the next tile before the current tile's math (two tiles' loads in flight, as norm.py's backwards do)
 # was written and dropped: 167 registers at 16 x 256 (three programs per SM, not four), and on an H100 it lost or tied
