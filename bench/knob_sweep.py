@@ -1,7 +1,7 @@
 """Launch constants of h3kernels' row-wise kernels, timed at the real width: which values their defaults get.
 
     python bench/knob_sweep.py [--ops norm,norm_bwd,norm_finish,norm_fwd,qk_norm_rope,qk_prefetch,gated_residual,
-                               adaln_stages]
+                               seg_finish,adaln_stages]
                                [--seqlen 16384] [--json $OUT/sweep.json]
     python bench/knob_sweep.py --ops gated_residual --setting residual.GATED_WARPS=4 --setting residual.GATED_WARPS=8
     python bench/knob_sweep.py --smoke                                         # CPU, TRITON_INTERPRET=1
@@ -98,6 +98,10 @@ KNOBS: dict[str, tuple[tuple[str, ...], Any, dict[str, Any]]] = {
                                                                    (528, 792, 1024))],
                     {"qk_norm_rope.QK_BWD_PREFETCH": 1, "qk_norm_rope.QK_BWD_ROWS": 16,
                      "qk_norm_rope.QK_BWD_WARPS": 2, "qk_norm_rope.QK_BWD_PROGRAMS": 3}),
+    "seg_finish": (("gated", "qk", "adaln"),
+                   lambda: [{"modulation.FINISH_BLOCK_P": p, "modulation.FINISH_BLOCK_N": 4096 // p}
+                            for p in (16, 64, 256)],
+                   {"modulation.FINISH_BLOCK_P": 4, "modulation.FINISH_BLOCK_N": 16}),
     "adaln_stages": (("adaln",),
                      lambda: _grid(**{"modulation.GEMV_STAGES": (1, 2, 3, 4), "modulation.GEMV_WARPS": (4, 8)}),
                      {"modulation.GEMV_STAGES": 3, "modulation.GEMV_WARPS": 2}),
