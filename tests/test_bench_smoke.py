@@ -80,7 +80,8 @@ def test_kernel_parts_bench_smoke() -> None:
     lines = proc.stdout.strip().splitlines()
     assert "row chunks are one table row" in lines[0]
     parts = dict(line.rsplit(None, 1) for line in lines[2:])
-    assert len(parts) == 5 and all(float(ms) > 0 for ms in parts.values())
+    assert len(parts) == 6 and all(float(ms) > 0 for ms in parts.values())
+    assert "rms_norm bwd: all" in parts  # the plain norm, next to the modulated one
 
 
 def test_machine_line_names_the_attention_override(monkeypatch: pytest.MonkeyPatch) -> None:
