@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 23, third GPU call (under 200 s; the session's device time was nearly spent on refused starts):
+# Session 23's third GPU call (under 200 s), which got no machine: refused starts spent the session's device time.
+# The next session runs it first:
 # modulation.finish_segments' step shape (FINISH_BLOCK_P partials per step over 4096 / P columns; qk_norm_rope's
 # d_weight finish was one program of 50 steps) on the ops that call it; the norm and residual tests on CUDA with
 # the new norm finish and gated tiles; the issue-4 suite on them.

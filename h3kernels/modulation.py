@@ -97,7 +97,9 @@ SEG_TILE_S = 32 if is_interpreting() else 16
 # Chunks per sequence: ~64 chunks (S=16384 -> 256 rows each) gives 64 x 21 = 1344 programs at H=5376 and a
 # 12 MB partials buffer for R=9; the interpreter takes whole-tile chunks.
 SEG_TARGET_CHUNKS = 4 if is_interpreting() else 64
-# Pass 2 sums BLOCK_P chunk partials per step (fixed order: step by step, tree within a step).
+# Pass 2 sums BLOCK_P chunk partials per step (fixed order: step by step, tree within a step) over BLOCK_N columns.
+# Not yet timed: qk_norm_rope's d_weight finish (792 partials of 128 columns) runs as one program of 50 steps, the
+# shape that norm.py's finish lost 0.046 ms to (its FINISH_BLOCK_P); bench/gpu_session23c.sh sweeps 16 / 64 / 256.
 FINISH_BLOCK_P = 16
 FINISH_BLOCK_N = 256
 
