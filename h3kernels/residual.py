@@ -67,7 +67,7 @@ ADD_BLOCK = 16384 if is_interpreting() else 4096
 # column block first in the grid (see _gated_bwd; session 23, bench/results/h100-session23b-gated.log, H100):
 # 8 x 512 and 16 x 512 0.212 ms (83% of copy), 4 x 1024 0.214, 16 x 256 0.215, 32 x 256 0.217, 8 x 1024 0.221;
 # 8 x 512 also won the first call of that session (0.212 against 0.215 at 16 x 256). It takes more registers (ptxas
-# sm_90, triton 3.9, BLOCK_R 16: 209 against 124; the [table rows, columns] accumulator doubles), so two programs
+# sm_90, triton 3.9, BLOCK_R 16, bf16: 209 against 128; the [table rows, columns] accumulator doubles), so two programs
 # fit an SM, not four, and it is still the fastest.
 GATED_BLOCK_H = 512
 GATED_WARPS = 4
