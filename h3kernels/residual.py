@@ -190,7 +190,7 @@ def _gated_bwd(dy, branch, table, idx, gate_off, need_db, need_t):
     db = new_empty((S, H), branch.dtype, branch.device) if need_db else None
     partials = new_empty((nc, R, H), torch.float32, branch.device)
     # The column block is the grid's first (fastest-launched) axis, so the programs resident together read whole rows
-    # of a few chunks, not one 512-byte column slice of many chunks' rows (the same programs and sums: same bytes).
+    # of a few chunks, not one GATED_BLOCK_H-column slice of many chunks' rows (the same programs and sums, same bytes).
     # On an H100 at S=16384 (session 23, bench/results/h100-session23-sweeps.log, copy 3022 GB/s) this order ran the
     # backward in 0.212-0.217 ms (81-83% of copy) at 8 x 512, 16 x 256 and 32 x 256 against 0.224-0.244 ms (72-78%)
     # with the row chunk first.
