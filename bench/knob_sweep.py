@@ -59,6 +59,11 @@ def _qk_grid() -> list[dict[str, Any]]:
             for r, w, p in itertools.product((8, 16, 32, 64), (2, 4, 8), (1024, 4096)) if r * 128 // (32 * w) <= 64]
 
 
+def _finish_shapes(block_p: str, block_cols: str, partials: tuple[int, ...]) -> list[dict[str, Any]]:
+    """A finish kernel's step shape: `partials` rows per step over the 4096 / P columns that fit the same tile."""
+    return [{block_p: p, block_cols: 4096 // p} for p in partials]
+
+
 def _gated_grid() -> list[dict[str, Any]]:
     """Backward tiles of at most 8192 values (the running tile stays in registers)."""
     return [{"residual.GATED_TILE_S": t, "residual.GATED_BLOCK_H": h, "residual.GATED_WARPS": w,
@@ -78,8 +83,7 @@ KNOBS: dict[str, tuple[tuple[str, ...], Any, dict[str, Any]]] = {
                  {"norm.MODULATE_BWD_SPLIT": 0, "norm.RMS_NORM_BWD_SPLIT": 1, "norm.NORM_BWD_PREFETCH": 1,
                   "norm.NORM_BWD_WARPS": 2}),
     "norm_finish": (("norm_modulate", "norm"),
-                    lambda: [{"norm.FINISH_BLOCK_P": p, "norm.FINISH_BLOCK_H": 4096 // p}
-                             for p in (16, 32, 64, 128, 256)],
+                    lambda: _finish_shapes("norm.FINISH_BLOCK_P", "norm.FINISH_BLOCK_H", (16, 32, 64, 128, 256)),
                     {"norm.FINISH_BLOCK_P": 4, "norm.FINISH_BLOCK_H": 16}),
     "norm_fwd": (("norm_modulate", "norm"),
                  lambda: [{"norm.MODULATE_FWD_SPLIT": s, "norm.RMS_NORM_FWD_SPLIT": s, "norm.NORM_FWD_WARPS": w}
@@ -99,8 +103,7 @@ KNOBS: dict[str, tuple[tuple[str, ...], Any, dict[str, Any]]] = {
                     {"qk_norm_rope.QK_BWD_PREFETCH": 1, "qk_norm_rope.QK_BWD_ROWS": 16,
                      "qk_norm_rope.QK_BWD_WARPS": 2, "qk_norm_rope.QK_BWD_PROGRAMS": 3}),
     "seg_finish": (("gated", "qk", "adaln"),
-                   lambda: [{"modulation.FINISH_BLOCK_P": p, "modulation.FINISH_BLOCK_N": 4096 // p}
-                            for p in (16, 64, 256)],
+                   lambda: _finish_shapes("modulation.FINISH_BLOCK_P", "modulation.FINISH_BLOCK_N", (16, 64, 256)),
                    {"modulation.FINISH_BLOCK_P": 4, "modulation.FINISH_BLOCK_N": 16}),
     "adaln_stages": (("adaln",),
                      lambda: _grid(**{"modulation.GEMV_STAGES": (1, 2, 3, 4), "modulation.GEMV_WARPS": (4, 8)}),
