@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Session 23's third GPU call (under 200 s), which got no machine: refused starts spent the session's device time.
-# The next session runs it first:
-# modulation.finish_segments' step shape (FINISH_BLOCK_P partials per step over 4096 / P columns; qk_norm_rope's
-# d_weight finish was one program of 50 steps) on the ops that call it; the norm and residual tests on CUDA with
-# the new norm finish and gated tiles; the issue-4 suite on them.
+# The next session runs it first, in this order: the issue-4 suite on session 23's new defaults (norm finish 256 x 16,
+# gated tile 8 x 512); the norm and residual tests on CUDA with them; modulation.finish_segments' step shape
+# (FINISH_BLOCK_P partials per step over 4096 / P columns; qk_norm_rope's d_weight finish was one program of 50
+# steps) on the ops that call it.
 source bench/device_env.sh || exit 1
-step finish 50 finish.log python3 bench/knob_sweep.py --ops seg_finish --budget-s 30 --json $OUT/finish.json
+# The suite first (session 26): refused starts spent most of the device time, and what ran before a cut-off comes back.
+issue4_suite 90
 step tests 60 gpu_tests.log python3 -m pytest -q tests/kernels/test_norm.py tests/kernels/test_residual.py \
   -n 4 -p no:cacheprovider
-issue4_suite 90
+step finish 50 finish.log python3 bench/knob_sweep.py --ops seg_finish --budget-s 30 --json $OUT/finish.json
 grep -E "passed|failed|FAILED|ERROR" $OUT/gpu_tests.log | cut -c1-300 | tail -8
 sed -n '/best first/,$p' $OUT/finish.log | cut -c1-170
