@@ -98,10 +98,13 @@ SEG_TILE_S = 32 if is_interpreting() else 16
 # 12 MB partials buffer for R=9; the interpreter takes whole-tile chunks.
 SEG_TARGET_CHUNKS = 4 if is_interpreting() else 64
 # Pass 2 sums BLOCK_P chunk partials per step (fixed order: step by step, tree within a step) over BLOCK_N columns.
-# Not yet timed: qk_norm_rope's d_weight finish (792 partials of 128 columns) runs as one program of 50 steps, the
-# shape that norm.py's finish lost 0.046 ms to (its FINISH_BLOCK_P); bench/gpu_session23c.sh sweeps 16 / 64 / 256.
-FINISH_BLOCK_P = 16
-FINISH_BLOCK_N = 256
+# 256 x 16, the shape norm.py's finish won with (its FINISH_BLOCK_P): qk_norm_rope's d_weight finish (792 partials of
+# 128 columns) ran as one program of 50 dependent steps at the first default, 16 x 256. On an H100 at S=16384
+# (session 26, bench/results/h100-session26-finish.log, copy 3022 GB/s), backward at 16 x 256 / 64 x 64 / 256 x 16:
+# qk_norm_rope 0.313 / 0.283 / 0.279 ms (76% / 84% / 85% of copy), gated_residual 0.211 / 0.205 / 0.205,
+# adaln_table 0.395 / 0.389 / 0.389; the forwards, which call no finish, within 0.001 ms.
+FINISH_BLOCK_P = 256
+FINISH_BLOCK_N = 16
 
 
 # ----------------------------------------------------------------------------------------------- kernels
