@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 23's third GPU call (under 200 s), which got no machine: refused starts spent the session's device time.
-# The next session runs it first, in this order: the issue-4 suite on session 23's new defaults (norm finish 256 x 16,
+# Session 23's third GPU call (under 200 s), which got no machine then (refused starts spent that session's device
+# time); it ran in session 26 on an H100 (190 s; bench/results/h100-session26-*), where the suite and the tests ran
+# past their limits (90 s, 60 s). In this order: the issue-4 suite on session 23's new defaults (norm finish 256 x 16,
 # gated tile 8 x 512); the norm and residual tests on CUDA with them; modulation.finish_segments' step shape
 # (FINISH_BLOCK_P partials per step over 4096 / P columns; qk_norm_rope's d_weight finish was one program of 50
 # steps) on the ops that call it.
