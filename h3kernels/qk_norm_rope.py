@@ -49,6 +49,11 @@ from h3kernels.modulation import finish_segments
 # The interpreter takes 64-row tiles to run fewer Python-level programs.
 QK_FWD_ROWS = 64 if is_interpreting() else 32
 QK_FWD_WARPS = 8
+# 1: with rotary, the forward runs one program per position s over its NH heads (a tile of next_pow2(NH) rows, 64
+# for 56 heads, an eighth of them masked) and loads that position's cos/sin row once, broadcast over the heads;
+# 0: tiles of QK_FWD_ROWS consecutive (s, head) rows, each row loading its own cos/sin (fp32, 768 bytes a row
+# against x's 256: L1/L2 hits, but three times x's load traffic). Without rotary the forward always runs row tiles.
+QK_FWD_PER_POSITION = 0
 QK_BWD_ROWS = 64 if is_interpreting() else 8
 QK_BWD_WARPS = 2
 QK_BWD_PROGRAMS = 4 if is_interpreting() else 792
@@ -83,9 +88,18 @@ def _rope_lanes(cols, RD):
 
 @triton.jit
 def _qk_fwd_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, rstd_ptr, ROWS, NH, D, RD, eps,
-                   HAS_ROPE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    rmask = rows < ROWS
+                   HAS_ROPE: tl.constexpr, PER_POSITION: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    """One tile of rows: BLOCK_ROWS consecutive (s, head) rows, or (PER_POSITION) the NH heads of position s =
+    program id, whose one cos/sin row is loaded once and broadcast over the heads."""
+    if PER_POSITION:
+        pos = tl.program_id(0)
+        heads = tl.arange(0, BLOCK_ROWS)
+        rows = pos * NH + heads
+        rmask = heads < NH
+    else:
+        rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        rmask = rows < ROWS
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
     m2 = rmask[:, None] & cmask[None, :]
@@ -99,10 +113,15 @@ def _qk_fwd_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, rstd_ptr, ROWS, NH, D,
         xp = tl.load(x_ptr + rows[:, None] * D + partner[None, :], mask=rm, other=0.0).to(tl.float32)
         wp = tl.load(w_ptr + partner, mask=is_rot, other=0.0).to(tl.float32)
         yp = xp * rstd[:, None] * wp[None, :]  # the normalized partner lane, never rounded
-        srow = (rows // NH).to(tl.int64) * RD
+        if PER_POSITION:  # [1, BLOCK_D]: one row of cos/sin for the whole tile
+            cs_off = pos.to(tl.int64) * RD + cols[None, :]
+            cs_mask = is_rot[None, :]
+        else:
+            cs_off = (rows // NH).to(tl.int64)[:, None] * RD + cols[None, :]
+            cs_mask = rm
         # cos/sin stay fp32 (diffusers rounds them to the activation dtype before use).
-        c = tl.load(cos_ptr + srow[:, None] + cols[None, :], mask=rm, other=1.0).to(tl.float32)
-        s = tl.load(sin_ptr + srow[:, None] + cols[None, :], mask=rm, other=0.0).to(tl.float32)
+        c = tl.load(cos_ptr + cs_off, mask=cs_mask, other=1.0).to(tl.float32)
+        s = tl.load(sin_ptr + cs_off, mask=cs_mask, other=0.0).to(tl.float32)
         y = tl.where(is_rot[None, :], y * c + sign[None, :] * yp * s, y)
     tl.store(y_ptr + rows[:, None] * D + cols[None, :], cast_rne(y, y_ptr.dtype.element_ty), mask=m2)
     tl.store(rstd_ptr + rows, rstd, mask=rmask)
@@ -187,10 +206,12 @@ def _qk_fwd(x, weight, cos, sin, eps):
     RD = cos.shape[1] if has_rope else 0
     y = new_empty(x.shape, x.dtype, x.device)
     rstd = new_empty((rows,), torch.float32, x.device)
-    block_d = triton.next_power_of_2(D)
-    grid = (triton.cdiv(rows, QK_FWD_ROWS),)
+    per_position = bool(QK_FWD_PER_POSITION) and has_rope
+    block_rows = triton.next_power_of_2(NH) if per_position else QK_FWD_ROWS
+    grid = (S if per_position else triton.cdiv(rows, block_rows),)
     _qk_fwd_kernel[grid](x, weight, cos if has_rope else x, sin if has_rope else x, y, rstd, rows, NH, D, RD, eps,
-                         HAS_ROPE=has_rope, BLOCK_ROWS=QK_FWD_ROWS, BLOCK_D=block_d, num_warps=QK_FWD_WARPS)
+                         HAS_ROPE=has_rope, PER_POSITION=per_position, BLOCK_ROWS=block_rows,
+                         BLOCK_D=triton.next_power_of_2(D), num_warps=QK_FWD_WARPS)
     return y, rstd
 
 
