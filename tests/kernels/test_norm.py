@@ -254,11 +254,11 @@ def test_qk_norm_rope_backward_prefetch_keeps_the_bytes(RD, monkeypatch):
     assert all(same_bytes(a, b) for a, b in zip(grads[0], grads[1], strict=True))
 
 
-@pytest.mark.parametrize("S,NH,D,RD", [QK_SHAPES[0], QK_SHAPES[1], QK_SHAPES[3]])
+@pytest.mark.parametrize("S,NH,D,RD", [QK_SHAPES[0], QK_SHAPES[1], QK_SHAPES[3], QK_SHAPES[-2]])
 def test_qk_norm_rope_per_position_forward_keeps_the_bytes(S, NH, D, RD, monkeypatch):
     # QK_FWD_PER_POSITION only changes which rows share a program (one position's heads, the cos/sin row loaded
-    # once) and the tile's padding (NH=3 in 4-row tiles): the output and rstd keep their bytes, and the backward
-    # that reads rstd too.
+    # once) and the tile's padding (NH=3 in 4-row tiles, 56 heads in 64 at the real width): the output and rstd
+    # keep their bytes, and the backward that reads rstd too.
     args, dy = qk_args(S, NH, D, RD, torch.bfloat16, seed=8)
     runs = {}
     for per_position in (0, 1):
