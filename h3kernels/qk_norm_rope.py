@@ -54,6 +54,10 @@ QK_FWD_WARPS = 8
 # 0: tiles of QK_FWD_ROWS consecutive (s, head) rows, each row loading its own cos/sin (fp32, 768 bytes a row
 # against x's 256: L1/L2 hits, but three times x's load traffic). Without rotary the forward always runs row tiles.
 QK_FWD_PER_POSITION = 0
+# 1: the forward's rotary takes each lane's partner (the other half of the rotary dims) from its own normalized tile
+# with tl.gather along the head dim (warp shuffles where a row lies within a warp); 0: loads x and the weight
+# again at the partner lanes (L1 hits: 192 + 192 bytes a row). The same product either way: byte-identical.
+QK_FWD_GATHER = 0
 QK_BWD_ROWS = 64 if is_interpreting() else 8
 QK_BWD_WARPS = 2
 QK_BWD_PROGRAMS = 4 if is_interpreting() else 792
@@ -88,8 +92,8 @@ def _rope_lanes(cols, RD):
 
 @triton.jit
 def _qk_fwd_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, rstd_ptr, ROWS, NH, D, RD, eps,
-                   HAS_ROPE: tl.constexpr, PER_POSITION: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                   BLOCK_D: tl.constexpr):
+                   HAS_ROPE: tl.constexpr, PER_POSITION: tl.constexpr, GATHER: tl.constexpr,
+                   BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     """One tile of rows: BLOCK_ROWS consecutive (s, head) rows, or (PER_POSITION) the NH heads of position s =
     program id, whose one cos/sin row is loaded once and broadcast over the heads."""
     if PER_POSITION:
@@ -110,9 +114,14 @@ def _qk_fwd_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, rstd_ptr, ROWS, NH, D,
     if HAS_ROPE:
         is_rot, partner, sign = _rope_lanes(cols, RD)
         rm = rmask[:, None] & is_rot[None, :]
-        xp = tl.load(x_ptr + rows[:, None] * D + partner[None, :], mask=rm, other=0.0).to(tl.float32)
-        wp = tl.load(w_ptr + partner, mask=is_rot, other=0.0).to(tl.float32)
-        yp = xp * rstd[:, None] * wp[None, :]  # the normalized partner lane, never rounded
+        # The normalized partner lane, never rounded: y's own lane `partner` (GATHER, in registers), or the same
+        # product of x and w loaded again at the partner lanes.
+        if GATHER:
+            yp = tl.gather(y, tl.broadcast_to(partner[None, :], y.shape), axis=1)
+        else:
+            xp = tl.load(x_ptr + rows[:, None] * D + partner[None, :], mask=rm, other=0.0).to(tl.float32)
+            wp = tl.load(w_ptr + partner, mask=is_rot, other=0.0).to(tl.float32)
+            yp = xp * rstd[:, None] * wp[None, :]
         if PER_POSITION:  # [1, BLOCK_D]: one row of cos/sin for the whole tile
             cs_off = pos.to(tl.int64) * RD + cols[None, :]
             cs_mask = is_rot[None, :]
@@ -210,7 +219,7 @@ def _qk_fwd(x, weight, cos, sin, eps):
     block_rows = triton.next_power_of_2(NH) if per_position else QK_FWD_ROWS
     grid = (S if per_position else triton.cdiv(rows, block_rows),)
     _qk_fwd_kernel[grid](x, weight, cos if has_rope else x, sin if has_rope else x, y, rstd, rows, NH, D, RD, eps,
-                         HAS_ROPE=has_rope, PER_POSITION=per_position, BLOCK_ROWS=block_rows,
+                         HAS_ROPE=has_rope, PER_POSITION=per_position, GATHER=QK_FWD_GATHER, BLOCK_ROWS=block_rows,
                          BLOCK_D=triton.next_power_of_2(D), num_warps=QK_FWD_WARPS)
     return y, rstd
 

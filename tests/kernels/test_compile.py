@@ -86,11 +86,11 @@ for wd in ("bf16", "fp32"):
              dict(pp_ptr="fp32", pq_ptr="fp32", touched_ptr="i8", w_ptr=wd, tab_ptr="fp32", dw_ptr=wd,
                   dtab_ptr="fp32"),
              dict(HAS_MOD=mod, BLOCK_P=N.FINISH_BLOCK_P, BLOCK_H=N.FINISH_BLOCK_H), 4)
-    for rope, per_position in ((True, False), (True, True), (False, False)):
-        comp(f"qk_fwd rope={rope} per_position={per_position} {wd}", Q._qk_fwd_kernel,
+    for rope, per_position, gather in ((True, 0, 0), (True, 1, 0), (True, 0, 1), (True, 1, 1), (False, 0, 0)):
+        comp(f"qk_fwd rope={rope} per_position={per_position} gather={gather} {wd}", Q._qk_fwd_kernel,
              dict(x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", y_ptr=wd, rstd_ptr="fp32"),
-             dict(HAS_ROPE=rope, PER_POSITION=per_position, BLOCK_ROWS=64 if per_position else Q.QK_FWD_ROWS,
-                  BLOCK_D=128), Q.QK_FWD_WARPS)
+             dict(HAS_ROPE=rope, PER_POSITION=per_position, GATHER=gather,
+                  BLOCK_ROWS=64 if per_position else Q.QK_FWD_ROWS, BLOCK_D=128), Q.QK_FWD_WARPS)
     for rope in (True, False):
         comp(f"qk_bwd rope={rope} {wd}", Q._qk_bwd_kernel,
              dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", rstd_ptr="fp32", dx_ptr=wd,

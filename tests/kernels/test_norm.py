@@ -254,17 +254,20 @@ def test_qk_norm_rope_backward_prefetch_keeps_the_bytes(RD, monkeypatch):
     assert all(same_bytes(a, b) for a, b in zip(grads[0], grads[1], strict=True))
 
 
+@pytest.mark.parametrize("per_position,gather", [(1, 0), (0, 1), (1, 1)])
 @pytest.mark.parametrize("S,NH,D,RD", [QK_SHAPES[0], QK_SHAPES[1], QK_SHAPES[3], QK_SHAPES[-2]])
-def test_qk_norm_rope_per_position_forward_keeps_the_bytes(S, NH, D, RD, monkeypatch):
+def test_qk_norm_rope_forward_variants_keep_the_bytes(S, NH, D, RD, per_position, gather, monkeypatch):
     # QK_FWD_PER_POSITION only changes which rows share a program (one position's heads, the cos/sin row loaded
-    # once) and the tile's padding (NH=3 in 4-row tiles, 56 heads in 64 at the real width): the output and rstd
-    # keep their bytes, and the backward that reads rstd too.
+    # once) and the tile's padding (NH=3 in 4-row tiles, 56 heads in 64 at the real width); QK_FWD_GATHER only
+    # where the partner lanes come from (the tile itself, not a second load). The output and rstd keep their
+    # bytes, and so does the backward, which reads rstd.
     args, dy = qk_args(S, NH, D, RD, torch.bfloat16, seed=8)
-    runs = {}
-    for per_position in (0, 1):
-        monkeypatch.setattr(qk_module, "QK_FWD_PER_POSITION", per_position)
-        runs[per_position] = run(norm.qk_norm_rope, args, (0, 1), dy, poison=True)
-    (out0, grads0), (out1, grads1) = runs[0], runs[1]
+    runs = []
+    for setting in ((0, 0), (per_position, gather)):
+        monkeypatch.setattr(qk_module, "QK_FWD_PER_POSITION", setting[0])
+        monkeypatch.setattr(qk_module, "QK_FWD_GATHER", setting[1])
+        runs.append(run(norm.qk_norm_rope, args, (0, 1), dy, poison=True))
+    (out0, grads0), (out1, grads1) = runs
     assert same_bytes(out0, out1)
     assert all(same_bytes(a, b) for a, b in zip(grads0, grads1, strict=True))
 
