@@ -64,6 +64,12 @@ def _finish_shapes(block_p: str, block_cols: str, partials: tuple[int, ...]) -> 
     return [{block_p: p, block_cols: 4096 // p} for p in partials]
 
 
+def _finish_rows() -> list[dict[str, Any]]:
+    """norm.py's finish with all of a block's 6 table rows in one step: partials per step x 8 rows x columns."""
+    return [{"norm.FINISH_BLOCK_P": p, "norm.FINISH_BLOCK_R": 8, "norm.FINISH_BLOCK_H": h}
+            for p, h in ((256, 2), (256, 4), (128, 4), (128, 8))]
+
+
 def _gated_grid() -> list[dict[str, Any]]:
     """Backward tiles of at most 8192 values (the running tile stays in registers)."""
     return [{"residual.GATED_TILE_S": t, "residual.GATED_BLOCK_H": h, "residual.GATED_WARPS": w,
@@ -83,8 +89,9 @@ KNOBS: dict[str, tuple[tuple[str, ...], Any, dict[str, Any]]] = {
                  {"norm.MODULATE_BWD_SPLIT": 0, "norm.RMS_NORM_BWD_SPLIT": 1, "norm.NORM_BWD_PREFETCH": 1,
                   "norm.NORM_BWD_WARPS": 2}),
     "norm_finish": (("norm_modulate", "norm"),
-                    lambda: _finish_shapes("norm.FINISH_BLOCK_P", "norm.FINISH_BLOCK_H", (16, 32, 64, 128, 256)),
-                    {"norm.FINISH_BLOCK_P": 4, "norm.FINISH_BLOCK_H": 16}),
+                    lambda: _finish_shapes("norm.FINISH_BLOCK_P", "norm.FINISH_BLOCK_H", (16, 32, 64, 128, 256))
+                    + _finish_rows(),
+                    {"norm.FINISH_BLOCK_P": 4, "norm.FINISH_BLOCK_R": 2, "norm.FINISH_BLOCK_H": 16}),
     "norm_fwd": (("norm_modulate", "norm"),
                  lambda: [{"norm.MODULATE_FWD_SPLIT": s, "norm.RMS_NORM_FWD_SPLIT": s, "norm.NORM_FWD_WARPS": w}
                           for s, w in itertools.product((0, 1), (4, 8, 16))],

@@ -96,13 +96,18 @@ NORM_FWD_WARPS = 0
 # the whole-tile prefetch, again put both backwards fastest split at 8 warps.
 MODULATE_BWD_SPLIT = 1
 RMS_NORM_BWD_SPLIT = 1
-# The finish kernel: one program per FINISH_BLOCK_H columns loops over the table rows and, per row, over the chunk
-# partials FINISH_BLOCK_P at a time (each step two dependent loads: the touched flags, then the partials they mask),
-# so a program runs R * cdiv(NC, FINISH_BLOCK_P) latency-bound steps. At 16 x 256 (the first default) that was 54
-# steps for a block's R=6 at 132 chunks: on an H100 at S=16384 (session 23, bench/results/h100-session23b-finish.log,
-# copy 3022 GB/s) rms_norm_modulate's backward ran 0.268 ms (66% of copy), rms_norm's 0.218 (80%); one step per
-# table row at 256 x 16 (336 programs) 0.222 (79%) and 0.208 (84%); 128 x 32 0.227 / 0.208, 64 x 64 0.233 / 0.211.
+# The finish kernel: one program per FINISH_BLOCK_H columns loops over the table rows (FINISH_BLOCK_R at a time) and,
+# per row, over the chunk partials FINISH_BLOCK_P at a time (each step two dependent loads: the touched flags, then the
+# partials they mask), so a program runs cdiv(R, FINISH_BLOCK_R) * cdiv(NC, FINISH_BLOCK_P) latency-bound steps. At 16 x
+# 256 (the first default) that was 54 steps for a block's R=6 at 132 chunks: on an H100 at S=16384 (session 23,
+# bench/results/h100-session23b-finish.log, copy 3022 GB/s) rms_norm_modulate's backward ran 0.268 ms (66% of copy),
+# rms_norm's 0.218 (80%); one step per table row at 256 x 16 (336 programs) 0.222 (79%) and 0.208 (84%); 128 x 32 0.227
+# / 0.208, 64 x 64 0.233 / 0.211. FINISH_BLOCK_R > 1 takes that many table rows (at most next_pow2(R)) per step as one
+# 3D tile, their touched flags as one load first: a block's R=6 in one step of one dependent load pair instead of six
+# (the tile's values, FINISH_BLOCK_P * FINISH_BLOCK_R * FINISH_BLOCK_H, fixed at 4096 above, are then shared with fewer
+# columns).
 FINISH_BLOCK_P = 256
+FINISH_BLOCK_R = 1
 FINISH_BLOCK_H = 16
 
 
@@ -352,33 +357,47 @@ def _rms_bwd_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_ptr, pp
 
 
 @triton.jit
-def _rms_bwd_finish_kernel(pp_ptr, pq_ptr, touched_ptr, w_ptr, tab_ptr, dw_ptr, dtab_ptr, NC, R, H, tab_stride,
+def _rms_bwd_finish_kernel(pp_ptr, pq_ptr, touched_ptr, w_ptr, tab_ptr, dw_ptr, dtab_ptr, NC, R, H, K, tab_stride,
                            shift_off, scale_off, HAS_MOD: tl.constexpr, BLOCK_P: tl.constexpr,
-                           BLOCK_H: tl.constexpr):
+                           BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    """d_weight (and d_table: all K chunks of its rows, the ones other than shift and scale zero) of BLOCK_H columns.
+
+    Table rows BLOCK_R at a time, and per such block the chunk partials BLOCK_P at a time as one [BLOCK_P, BLOCK_R,
+    BLOCK_H] tile, masked by the touched flags of those chunks and rows (one [BLOCK_P, BLOCK_R] load first). Chunks
+    in order, then table rows in order: a fixed reduction order.
+    """
     cols = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
     cmask = cols < H
     w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     dw = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for r in range(R):  # table rows in order, chunks in order within a row: a fixed reduction order
-        p = tl.zeros([BLOCK_H], dtype=tl.float32)
-        q = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for r0 in range(0, R, BLOCK_R):
+        rr = r0 + tl.arange(0, BLOCK_R)
+        rmask = rr < R
+        p = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
+        q = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
         for c0 in range(0, NC, BLOCK_P):
             cs = c0 + tl.arange(0, BLOCK_P)
-            hit = tl.load(touched_ptr + cs * R + r, mask=cs < NC, other=0) != 0
-            offs = (cs[:, None] * R + r).to(tl.int64) * H + cols[None, :]
-            m2 = hit[:, None] & cmask[None, :]
-            p += tl.sum(tl.load(pp_ptr + offs, mask=m2, other=0.0), axis=0)
+            part = cs[:, None] * R + rr[None, :]  # [BLOCK_P, BLOCK_R] partial rows
+            hit = tl.load(touched_ptr + part, mask=(cs < NC)[:, None] & rmask[None, :], other=0) != 0
+            offs = part.to(tl.int64)[:, :, None] * H + cols[None, None, :]
+            m3 = hit[:, :, None] & cmask[None, None, :]
+            p += tl.sum(tl.load(pp_ptr + offs, mask=m3, other=0.0), axis=0)
             if HAS_MOD:
-                q += tl.sum(tl.load(pq_ptr + offs, mask=m2, other=0.0), axis=0)
+                q += tl.sum(tl.load(pq_ptr + offs, mask=m3, other=0.0), axis=0)
         if HAS_MOD:
-            row = r * tab_stride + cols
-            scale = tl.load(tab_ptr + row + scale_off, mask=cmask, other=0.0).to(tl.float32)
-            dw += p * (1.0 + scale)
+            row = rr[:, None] * tab_stride + cols[None, :]
+            m2 = rmask[:, None] & cmask[None, :]
+            scale = tl.load(tab_ptr + row + scale_off, mask=m2, other=0.0).to(tl.float32)
+            dw += tl.sum(p * (1.0 + scale), axis=0)
             # d_table rounds once to the table's dtype (fp32 for the candidate's table: no rounding).
-            tl.store(dtab_ptr + row + scale_off, cast_rne(p * w, dtab_ptr.dtype.element_ty), mask=cmask)
-            tl.store(dtab_ptr + row + shift_off, cast_rne(q, dtab_ptr.dtype.element_ty), mask=cmask)
+            tl.store(dtab_ptr + row + scale_off, cast_rne(p * w[None, :], dtab_ptr.dtype.element_ty), mask=m2)
+            tl.store(dtab_ptr + row + shift_off, cast_rne(q, dtab_ptr.dtype.element_ty), mask=m2)
+            zero = tl.zeros([BLOCK_R, BLOCK_H], dtype=dtab_ptr.dtype.element_ty)
+            for k in range(K):  # this op does not read the other chunks: exact zeros, no separate zero-filled buffer
+                if (k * H != shift_off) and (k * H != scale_off):
+                    tl.store(dtab_ptr + row + k * H, zero, mask=m2)
         else:
-            dw += p
+            dw += tl.sum(p, axis=0)
     tl.store(dw_ptr + cols, cast_rne(dw, dw_ptr.dtype.element_ty), mask=cmask)
 
 
@@ -459,11 +478,11 @@ def _rms_bwd(dy, x, weight, table, idx, rstd, shift_off, scale_off, need_x, need
     d_weight = d_table = None
     if need_params:
         d_weight = new_empty((H,), weight.dtype, x.device)
-        # Chunks other than shift/scale get exact zeros (this op does not read them).
-        d_table = torch.zeros_like(table) if has_mod else None
+        d_table = new_empty(tuple(table.shape), table.dtype, x.device) if has_mod else None
         _rms_bwd_finish_kernel[(triton.cdiv(H, FINISH_BLOCK_H),)](
-            pp, pq, touched, weight, tab, d_weight, d_table if has_mod else d_weight, nc, R, H, stride, shift_off,
-            scale_off, HAS_MOD=has_mod, BLOCK_P=FINISH_BLOCK_P, BLOCK_H=FINISH_BLOCK_H, num_warps=4)
+            pp, pq, touched, weight, tab, d_weight, d_table if has_mod else d_weight, nc, R, H, stride // H, stride,
+            shift_off, scale_off, HAS_MOD=has_mod, BLOCK_P=FINISH_BLOCK_P,
+            BLOCK_R=min(FINISH_BLOCK_R, triton.next_power_of_2(R)), BLOCK_H=FINISH_BLOCK_H, num_warps=4)
     return (dx if need_x else None), d_weight, d_table
 
 

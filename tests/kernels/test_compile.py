@@ -82,10 +82,11 @@ for wd in ("bf16", "fp32"):
                  dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, tab_ptr="fp32", idx_ptr="i64", rstd_ptr="fp32", dx_ptr=wd,
                       pp_ptr="fp32", pq_ptr="fp32", touched_ptr="i8"),
                  dict(HAS_MOD=mod, NEED_DX=dx, NEED_PARAMS=params, BLOCK_CHUNK=chunk, **bwd), bwd_warps)
-        comp(f"rms_finish mod={mod} {wd}", N._rms_bwd_finish_kernel,
-             dict(pp_ptr="fp32", pq_ptr="fp32", touched_ptr="i8", w_ptr=wd, tab_ptr="fp32", dw_ptr=wd,
-                  dtab_ptr="fp32"),
-             dict(HAS_MOD=mod, BLOCK_P=N.FINISH_BLOCK_P, BLOCK_H=N.FINISH_BLOCK_H), 4)
+        for rows, cols in ((N.FINISH_BLOCK_R, N.FINISH_BLOCK_H), (8, 4)):  # the default and all 6 rows a step
+            comp(f"rms_finish mod={mod} rows={rows} {wd}", N._rms_bwd_finish_kernel,
+                 dict(pp_ptr="fp32", pq_ptr="fp32", touched_ptr="i8", w_ptr=wd, tab_ptr="fp32", dw_ptr=wd,
+                      dtab_ptr="fp32"),
+                 dict(HAS_MOD=mod, BLOCK_P=N.FINISH_BLOCK_P, BLOCK_R=rows, BLOCK_H=cols), 4)
     for rope, per_position, gather in ((True, 0, 0), (True, 1, 0), (True, 0, 1), (True, 1, 1), (False, 0, 0)):
         comp(f"qk_fwd rope={rope} per_position={per_position} gather={gather} {wd}", Q._qk_fwd_kernel,
              dict(x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", y_ptr=wd, rstd_ptr="fp32"),

@@ -140,7 +140,7 @@ def test_qk_norm_rope(S, NH, D, RD, dtype):
 RUNS = [(0, 40), (1, 3), (0, 25), (2, 50), (1, 82)]
 # Backward row chunks: the default (4 under the interpreter: runs cross chunk ends) and one chunk for all rows (every
 # run and revisit inside it); each backward's prefetch choice flipped (its other loop); every split choice flipped
-# (one block or two pieces per row).
+# (one block or two pieces per row); the finish's table rows per step.
 NORM_SETTINGS = [
     pytest.param({}, id="default-chunks"),
     pytest.param(dict(NORM_BWD_CHUNKS=1), id="one-chunk"),
@@ -148,6 +148,10 @@ NORM_SETTINGS = [
     pytest.param({name: 1 - getattr(norm, name) for name in ("MODULATE_FWD_SPLIT", "RMS_NORM_FWD_SPLIT",
                                                               "MODULATE_BWD_SPLIT", "RMS_NORM_BWD_SPLIT")},
                  id="split-flipped"),
+    # The finish two table rows per step (R=3: the second step half masked) over two steps of chunks, and all rows
+    # in one step of every chunk.
+    pytest.param(dict(FINISH_BLOCK_R=2, FINISH_BLOCK_P=2, FINISH_BLOCK_H=32), id="finish-2-rows"),
+    pytest.param(dict(FINISH_BLOCK_R=8, FINISH_BLOCK_P=256, FINISH_BLOCK_H=4), id="finish-all-rows"),
 ]
 
 
