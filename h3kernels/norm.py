@@ -105,10 +105,11 @@ RMS_NORM_BWD_SPLIT = 1
 # / 0.208, 64 x 64 0.233 / 0.211. FINISH_BLOCK_R > 1 takes that many table rows (at most next_pow2(R)) per step as one
 # 3D tile, their touched flags as one load first: a block's R=6 in one step of one dependent load pair instead of six
 # (the tile's values, FINISH_BLOCK_P * FINISH_BLOCK_R * FINISH_BLOCK_H, fixed at 4096 above, are then shared with fewer
-# columns).
+# columns; at 4 warps the finish held them in registers, FINISH_WARPS 8 halves that per thread).
 FINISH_BLOCK_P = 256
 FINISH_BLOCK_R = 1
 FINISH_BLOCK_H = 16
+FINISH_WARPS = 4
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -482,7 +483,7 @@ def _rms_bwd(dy, x, weight, table, idx, rstd, shift_off, scale_off, need_x, need
         _rms_bwd_finish_kernel[(triton.cdiv(H, FINISH_BLOCK_H),)](
             pp, pq, touched, weight, tab, d_weight, d_table if has_mod else d_weight, nc, R, H, stride // H, stride,
             shift_off, scale_off, HAS_MOD=has_mod, BLOCK_P=FINISH_BLOCK_P,
-            BLOCK_R=min(FINISH_BLOCK_R, triton.next_power_of_2(R)), BLOCK_H=FINISH_BLOCK_H, num_warps=4)
+            BLOCK_R=min(FINISH_BLOCK_R, triton.next_power_of_2(R)), BLOCK_H=FINISH_BLOCK_H, num_warps=FINISH_WARPS)
     return (dx if need_x else None), d_weight, d_table
 
 

@@ -87,7 +87,7 @@ for wd in ("bf16", "fp32"):
             comp(f"rms_finish mod={mod} rows={rows} {wd}", N._rms_bwd_finish_kernel,
                  dict(pp_ptr="fp32", pq_ptr="fp32", touched_ptr="i8", w_ptr=wd, tab_ptr="fp32", dw_ptr=wd,
                       dtab_ptr="fp32"),
-                 dict(HAS_MOD=mod, BLOCK_P=N.FINISH_BLOCK_P, BLOCK_R=rows, BLOCK_H=cols), 4)
+                 dict(HAS_MOD=mod, BLOCK_P=N.FINISH_BLOCK_P, BLOCK_R=rows, BLOCK_H=cols), N.FINISH_WARPS)
     for rope, per_position, gather in ((True, 0, 0), (True, 1, 0), (True, 0, 1), (True, 1, 1), (False, 0, 0)):
         comp(f"qk_fwd rope={rope} per_position={per_position} gather={gather} {wd}", Q._qk_fwd_kernel,
              dict(x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", y_ptr=wd, rstd_ptr="fp32"),
