@@ -73,6 +73,9 @@ QK_BWD_PROGRAMS = 4 if is_interpreting() else 792
 # programs (six per SM, one wave; 76% of copy), against 0.380 ms (62%) for the old default (no prefetch, 1024);
 # with the prefetch, 528 programs 0.330 and 1024 (a second wave) 0.415; the larger tiles 0.435 ms or slower.
 QK_BWD_PREFETCH = 1
+# 1: the backward takes dy[p(k)] sin[p(k)] as lane p(k) of its own dy * sin tile (tl.gather), so it loads dy and sin
+# once each at the lanes themselves; 0: loads dy and sin again at the partner lanes. Byte-identical either way.
+QK_BWD_GATHER = 0
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -138,11 +141,12 @@ def _qk_fwd_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, rstd_ptr, ROWS, NH, D,
 
 @triton.jit
 def _qk_bwd_loads(dy_ptr, x_ptr, cos_ptr, sin_ptr, rstd_ptr, row0, ROWS, NH, D, RD, cols, cmask,
-                  HAS_ROPE: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+                  HAS_ROPE: tl.constexpr, GATHER: tl.constexpr, BLOCK_ROWS: tl.constexpr):
     """Every load of the tile of rows [row0, row0 + BLOCK_ROWS), as stored (dy, x in their dtype): dy, dy at the
     partner lanes, cos, sin at the partner lanes, x, rstd. The prefetching loop issues them a tile ahead.
 
-    Without rotary, dyp, c and sp are scalar placeholders.
+    Without rotary, dyp, c and sp are scalar placeholders. GATHER: dyp is one too, and sp is sin at the lanes
+    themselves (the loop takes the partner lanes of dy * sin from the tile).
     """
     rows = row0 + tl.arange(0, BLOCK_ROWS)
     rmask = rows < ROWS
@@ -155,10 +159,13 @@ def _qk_bwd_loads(dy_ptr, x_ptr, cos_ptr, sin_ptr, rstd_ptr, row0, ROWS, NH, D, 
     if HAS_ROPE:
         is_rot, partner, sign = _rope_lanes(cols, RD)
         rm = rmask[:, None] & is_rot[None, :]
-        dyp = tl.load(dy_ptr + rows[:, None] * D + partner[None, :], mask=rm, other=0.0)
         srow = (rows // NH).to(tl.int64) * RD
         c = tl.load(cos_ptr + srow[:, None] + cols[None, :], mask=rm, other=1.0)
-        sp = tl.load(sin_ptr + srow[:, None] + partner[None, :], mask=rm, other=0.0)
+        if GATHER:
+            sp = tl.load(sin_ptr + srow[:, None] + cols[None, :], mask=rm, other=0.0)
+        else:
+            dyp = tl.load(dy_ptr + rows[:, None] * D + partner[None, :], mask=rm, other=0.0)
+            sp = tl.load(sin_ptr + srow[:, None] + partner[None, :], mask=rm, other=0.0)
     x = tl.load(x_ptr + offs, mask=m2, other=0.0)
     rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
     return dy, dyp, c, sp, x, rstd
@@ -167,9 +174,9 @@ def _qk_bwd_loads(dy_ptr, x_ptr, cos_ptr, sin_ptr, rstd_ptr, row0, ROWS, NH, D, 
 @triton.jit
 def _qk_bwd_kernel(dy_ptr, x_ptr, w_ptr, cos_ptr, sin_ptr, rstd_ptr, dx_ptr, pw_ptr, ROWS, NH, D, RD, ROWS_PER_PROG,
                    HAS_ROPE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-                   PREFETCH: tl.constexpr):
+                   PREFETCH: tl.constexpr, GATHER: tl.constexpr):
     """dx of the program's rows and its d_weight partial; PREFETCH issues the next tile's loads before this one's
-    math (the same values either way)."""
+    math, GATHER takes dy's partner lanes from its tile (the same values either way)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -178,22 +185,27 @@ def _qk_bwd_kernel(dy_ptr, x_ptr, w_ptr, cos_ptr, sin_ptr, rstd_ptr, dx_ptr, pw_
     first = pid * ROWS_PER_PROG
     if PREFETCH:
         nxt = _qk_bwd_loads(dy_ptr, x_ptr, cos_ptr, sin_ptr, rstd_ptr, first, ROWS, NH, D, RD, cols, cmask,
-                            HAS_ROPE, BLOCK_ROWS)
+                            HAS_ROPE, GATHER, BLOCK_ROWS)
     for r0 in range(0, ROWS_PER_PROG, BLOCK_ROWS):
         row0 = first + r0
         if PREFETCH:
             dy_raw, dyp, c, sp, x_raw, rstd = nxt
             nxt = _qk_bwd_loads(dy_ptr, x_ptr, cos_ptr, sin_ptr, rstd_ptr, row0 + BLOCK_ROWS, ROWS, NH, D, RD, cols,
-                                cmask, HAS_ROPE, BLOCK_ROWS)
+                                cmask, HAS_ROPE, GATHER, BLOCK_ROWS)
         else:
             dy_raw, dyp, c, sp, x_raw, rstd = _qk_bwd_loads(dy_ptr, x_ptr, cos_ptr, sin_ptr, rstd_ptr, row0, ROWS,
-                                                            NH, D, RD, cols, cmask, HAS_ROPE, BLOCK_ROWS)
+                                                            NH, D, RD, cols, cmask, HAS_ROPE, GATHER,
+                                                            BLOCK_ROWS)
         dy = dy_raw.to(tl.float32)
         if HAS_ROPE:
             # Transposed rotation: d yn[k] = dy[k] cos[k] - sign[k] dy[p(k)] sin[p(k)] (sign[p(k)] = -sign[k]).
             is_rot, partner, sign = _rope_lanes(cols, RD)
-            dy = tl.where(is_rot[None, :], dy * c.to(tl.float32) - sign[None, :] * dyp.to(tl.float32)
-                          * sp.to(tl.float32), dy)
+            # GATHER: dy[p(k)] sin[p(k)] is lane p(k) of dy * sin (the same product; sign is exact).
+            if GATHER:
+                partner_dy_sin = tl.gather(dy * sp.to(tl.float32), tl.broadcast_to(partner[None, :], dy.shape), axis=1)
+            else:
+                partner_dy_sin = dyp.to(tl.float32) * sp.to(tl.float32)
+            dy = tl.where(is_rot[None, :], dy * c.to(tl.float32) - sign[None, :] * partner_dy_sin, dy)
         rows = row0 + tl.arange(0, BLOCK_ROWS)
         m2 = (rows < ROWS)[:, None] & cmask[None, :]
         xhat = x_raw.to(tl.float32) * rstd[:, None]
@@ -237,7 +249,7 @@ def _qk_bwd(dy, x, weight, cos, sin, rstd):
     block_d = triton.next_power_of_2(D)
     _qk_bwd_kernel[(n_prog,)](dy, x, weight, cos if has_rope else x, sin if has_rope else x, rstd, dx, pw, rows, NH,
                               D, RD, rows_per_prog, HAS_ROPE=has_rope, BLOCK_ROWS=QK_BWD_ROWS, BLOCK_D=block_d,
-                              PREFETCH=QK_BWD_PREFETCH, num_warps=QK_BWD_WARPS)
+                              PREFETCH=QK_BWD_PREFETCH, GATHER=QK_BWD_GATHER, num_warps=QK_BWD_WARPS)
     d_weight = new_empty((1, D), weight.dtype, x.device)
     finish_segments(pw, d_weight)
     return dx, d_weight.view(D)

@@ -93,11 +93,11 @@ for wd in ("bf16", "fp32"):
              dict(x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", y_ptr=wd, rstd_ptr="fp32"),
              dict(HAS_ROPE=rope, PER_POSITION=per_position, GATHER=gather,
                   BLOCK_ROWS=64 if per_position else Q.QK_FWD_ROWS, BLOCK_D=128), Q.QK_FWD_WARPS)
-    for rope in (True, False):
-        comp(f"qk_bwd rope={rope} {wd}", Q._qk_bwd_kernel,
+    for rope, gather in ((True, 0), (True, 1), (False, 0)):
+        comp(f"qk_bwd rope={rope} gather={gather} {wd}", Q._qk_bwd_kernel,
              dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", rstd_ptr="fp32", dx_ptr=wd,
                   pw_ptr="fp32"), dict(HAS_ROPE=rope, BLOCK_ROWS=Q.QK_BWD_ROWS, BLOCK_D=128,
-                                       PREFETCH=Q.QK_BWD_PREFETCH), Q.QK_BWD_WARPS)
+                                       PREFETCH=Q.QK_BWD_PREFETCH, GATHER=gather), Q.QK_BWD_WARPS)
     bs_e, bh_e, _ = Rz._elem_plan(4096, 5376)
     comp(f"gated_fwd {wd}", Rz._gated_fwd_kernel, dict(x_ptr=wd, b_ptr=wd, tab_ptr="fp32", idx_ptr="i64", y_ptr=wd),
          dict(BLOCK_S=bs_e, BLOCK_H=bh_e), 4)
