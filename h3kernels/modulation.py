@@ -269,9 +269,10 @@ def _segment_partials_kernel(val_ptr, idx_ptr, part_ptr, S, H, R,
 
 
 @triton.jit
-def _finish_kernel(part_ptr, out_ptr, aux_ptr, NC, R, N, out_row_stride, out_col_offset,
-                   SILU_GRAD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    """out[r, off + n] = sum_c part[c, r, n] in chunk order (times silu'(aux[r, n]) when SILU_GRAD)."""
+def _finish_kernel(part_ptr, out_ptr, aux_ptr, NC, R, N, K, out_row_stride, out_col_offset,
+                   SILU_GRAD: tl.constexpr, ZERO_REST: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[r, off + n] = sum_c part[c, r, n] in chunk order (times silu'(aux[r, n]) when SILU_GRAD); ZERO_REST: the
+    row's other K - 1 column chunks of width N get exact zeros."""
     pid_n = tl.program_id(0)
     r = tl.program_id(1)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -288,6 +289,11 @@ def _finish_kernel(part_ptr, out_ptr, aux_ptr, NC, R, N, out_row_stride, out_col
         acc = acc * (sg * (1.0 + x * (1.0 - sg)))  # d silu(x) / dx, fp32
     tl.store(out_ptr + r * out_row_stride + out_col_offset + cols, cast_rne(acc, out_ptr.dtype.element_ty),
              mask=cmask)
+    if ZERO_REST:
+        zero = tl.zeros([BLOCK_N], dtype=out_ptr.dtype.element_ty)
+        for k in range(K):
+            if k * N != out_col_offset:
+                tl.store(out_ptr + r * out_row_stride + k * N + cols, zero, mask=cmask)
 
 
 # ----------------------------------------------------------------------------------------------- launchers
@@ -307,13 +313,18 @@ def plan_segments(S: int, R: int, tile: int | None = None, target_chunks: int | 
 
 
 def finish_segments(partials: torch.Tensor, out: torch.Tensor, col_offset: int = 0,
-                    silu_of: torch.Tensor | None = None) -> None:
-    """Pass 2: out[r, col_offset:col_offset+N] = partials[:, r, :].sum(0) in chunk order, rounded to out.dtype."""
+                    silu_of: torch.Tensor | None = None, zero_rest: bool = False) -> None:
+    """Pass 2: out[r, col_offset:col_offset+N] = partials[:, r, :].sum(0) in chunk order, rounded to out.dtype.
+
+    zero_rest: out's rows are whole chunks of N columns (col_offset one of them; the callers' input checks make it
+    so) and the other chunks get exact zeros, so `out` may come from torch.empty (no zero-filling launch).
+    """
     nc, r, n = partials.shape
     grid = (triton.cdiv(n, FINISH_BLOCK_N), r)
     aux = silu_of if silu_of is not None else partials
-    _finish_kernel[grid](partials, out, aux, nc, r, n, out.stride(0), col_offset,
-                         SILU_GRAD=silu_of is not None, BLOCK_P=FINISH_BLOCK_P, BLOCK_N=FINISH_BLOCK_N, num_warps=4)
+    _finish_kernel[grid](partials, out, aux, nc, r, n, out.shape[1] // n, out.stride(0), col_offset,
+                         SILU_GRAD=silu_of is not None, ZERO_REST=zero_rest, BLOCK_P=FINISH_BLOCK_P,
+                         BLOCK_N=FINISH_BLOCK_N, num_warps=4)
 
 
 def _segment_sum_launch(values: torch.Tensor, idx: torch.Tensor, num_rows: int) -> torch.Tensor:

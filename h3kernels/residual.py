@@ -200,9 +200,9 @@ def _gated_bwd(dy, branch, table, idx, gate_off, need_db, need_t):
                             BLOCK_R=block_r, num_warps=GATED_WARPS)
     d_table = None
     if need_t:
-        # Chunks other than the gate get exact zeros (this op does not read them).
-        d_table = torch.zeros_like(table)
-        finish_segments(partials, d_table, col_offset=gate_off)
+        # Chunks other than the gate get exact zeros (this op does not read them), written by the finish.
+        d_table = new_empty(tuple(table.shape), table.dtype, table.device)
+        finish_segments(partials, d_table, col_offset=gate_off, zero_rest=True)
     return db, d_table
 
 

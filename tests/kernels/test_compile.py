@@ -70,7 +70,7 @@ for wd in ("bf16", "fp32"):
          M.SEG_WARPS)
     for silu in (True, False):
         comp(f"finish silu={silu} {wd}", M._finish_kernel, dict(part_ptr="fp32", out_ptr=wd, aux_ptr="fp32"),
-             dict(SILU_GRAD=silu, BLOCK_P=M.FINISH_BLOCK_P, BLOCK_N=M.FINISH_BLOCK_N), 4)
+             dict(SILU_GRAD=silu, ZERO_REST=not silu, BLOCK_P=M.FINISH_BLOCK_P, BLOCK_N=M.FINISH_BLOCK_N), 4)
     for mod in (True, False):  # the real width, H=5376: 1-row tiles
         fwd, bwd = N.fwd_launch(5376, mod), N.bwd_launch(5376, mod)
         fwd_warps, bwd_warps = fwd.pop("num_warps"), bwd.pop("num_warps")
