@@ -140,7 +140,7 @@ def test_qk_norm_rope(S, NH, D, RD, dtype):
 RUNS = [(0, 40), (1, 3), (0, 25), (2, 50), (1, 82)]
 # Backward row chunks: the default (4 under the interpreter: runs cross chunk ends) and one chunk for all rows (every
 # run and revisit inside it); each backward's prefetch choice flipped (its other loop); every split choice flipped
-# (one block or two pieces per row); the finish's table rows per step.
+# (one block or two pieces per row).
 NORM_SETTINGS = [
     pytest.param({}, id="default-chunks"),
     pytest.param(dict(NORM_BWD_CHUNKS=1), id="one-chunk"),
@@ -148,15 +148,18 @@ NORM_SETTINGS = [
     pytest.param({name: 1 - getattr(norm, name) for name in ("MODULATE_FWD_SPLIT", "RMS_NORM_FWD_SPLIT",
                                                               "MODULATE_BWD_SPLIT", "RMS_NORM_BWD_SPLIT")},
                  id="split-flipped"),
-    # The finish two table rows per step (R=3: the second step half masked) over two steps of chunks, and all rows
-    # in one step of every chunk.
-    pytest.param(dict(FINISH_BLOCK_R=2, FINISH_BLOCK_P=2, FINISH_BLOCK_H=32), id="finish-2-rows"),
-    pytest.param(dict(FINISH_BLOCK_R=8, FINISH_BLOCK_P=256, FINISH_BLOCK_H=4), id="finish-all-rows"),
+]
+# The finish's table rows per step, at H=96 only (the main kernel's tiles do not change what the finish reads): two
+# rows per step (R=3: the second step half masked) over two steps of chunks, and all rows in one step of every chunk.
+FINISH_SETTINGS = [
+    pytest.param(96, dict(FINISH_BLOCK_R=2, FINISH_BLOCK_P=2, FINISH_BLOCK_H=32), id="tiles-of-16-finish-2-rows"),
+    pytest.param(96, dict(FINISH_BLOCK_R=8, FINISH_BLOCK_P=256, FINISH_BLOCK_H=4), id="tiles-of-16-finish-all-rows"),
 ]
 
 
-@pytest.mark.parametrize("setting", NORM_SETTINGS)
-@pytest.mark.parametrize("H", [96, 4100], ids=["tiles-of-16", "tiles-of-1"])
+@pytest.mark.parametrize("H,setting", [pytest.param(H, p.values[0], id=f"{name}-{p.id}")
+                                       for H, name in ((96, "tiles-of-16"), (4100, "tiles-of-1"))
+                                       for p in NORM_SETTINGS] + FINISH_SETTINGS)
 def test_rms_norm_modulate_table_row_runs(H, setting, monkeypatch):
     for name, value in setting.items():
         monkeypatch.setattr(norm, name, value)
