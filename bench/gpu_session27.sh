@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 27's first GPU call (under 380 s): the issue-4 suite on the current defaults (modulation.finish_segments at
+# Session 27's first GPU call (under 450 s): the issue-4 suite on the current defaults (modulation.finish_segments at
 # 256 x 16 since 3cb52ff, never suite-measured); then qk_norm_rope's variants against the defaults. Forward (row tiles
 # of 32 rows x 8 warps): one program per position (its cos/sin row loaded once for the 56 heads,
 # QK_FWD_PER_POSITION=1) at 4 / 8 / 16 warps, and the partner lanes by tl.gather instead of a second load
@@ -27,3 +27,7 @@ step norm_finish 75 norm_finish.log python3 bench/knob_sweep.py --ops norm_finis
   --setting $n.FINISH_BLOCK_P=128,$n.FINISH_BLOCK_R=8,$n.FINISH_BLOCK_H=8 \
   --setting $n.FINISH_BLOCK_R=8,$n.FINISH_BLOCK_H=4,$n.FINISH_WARPS=8
 sed -n '/best first/,$p' $OUT/norm_finish.log | cut -c1-170
+# The norm backwards' runs kernel (NORM_BWD_RUNS=1: the tile loop pipelined 2 / 3 / 4 stages deep through shared
+# memory instead of the register prefetch; 188 registers against 244 for the modulated norm at 3 stages).
+step norm_runs 60 norm_runs.log python3 bench/knob_sweep.py --ops norm_runs --budget-s 45 --json $OUT/norm_runs.json
+sed -n '/best first/,$p' $OUT/norm_runs.log | cut -c1-170

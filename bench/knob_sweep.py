@@ -1,7 +1,7 @@
 """Launch constants of h3kernels' row-wise kernels, timed at the real width: which values their defaults get.
 
-    python bench/knob_sweep.py [--ops norm,norm_bwd,norm_finish,norm_fwd,qk_norm_rope,qk_prefetch,gated_residual,
-                               seg_finish,adaln_stages]
+    python bench/knob_sweep.py [--ops norm,norm_bwd,norm_finish,norm_runs,norm_fwd,qk_norm_rope,qk_prefetch,
+                               gated_residual,seg_finish,adaln_stages]
                                [--seqlen 16384] [--json $OUT/sweep.json]
     python bench/knob_sweep.py --ops gated_residual --setting residual.GATED_WARPS=4 --setting residual.GATED_WARPS=8
     python bench/knob_sweep.py --smoke                                         # CPU, TRITON_INTERPRET=1
@@ -92,6 +92,9 @@ KNOBS: dict[str, tuple[tuple[str, ...], Any, dict[str, Any]]] = {
                     lambda: _finish_shapes("norm.FINISH_BLOCK_P", "norm.FINISH_BLOCK_H", (16, 32, 64, 128, 256))
                     + _finish_rows(),
                     {"norm.FINISH_BLOCK_P": 4, "norm.FINISH_BLOCK_R": 2, "norm.FINISH_BLOCK_H": 16}),
+    "norm_runs": (("norm_modulate", "norm"),
+                  lambda: [{}] + _grid(**{"norm.NORM_BWD_RUNS": (1,), "norm.NORM_BWD_STAGES": (2, 3, 4)}),
+                  {"norm.NORM_BWD_RUNS": 1, "norm.NORM_BWD_STAGES": 2}),
     "norm_fwd": (("norm_modulate", "norm"),
                  lambda: [{"norm.MODULATE_FWD_SPLIT": s, "norm.RMS_NORM_FWD_SPLIT": s, "norm.NORM_FWD_WARPS": w}
                           for s, w in itertools.product((0, 1), (4, 8, 16))],

@@ -77,6 +77,14 @@ NORM_BWD_CHUNKS = 4 if is_interpreting() else 132
 # bench/results/h100-session22b-sweeps.log, two pieces, 8 warps): rms_norm_modulate's backward 0.267 ms against
 # 0.303 (66% against 58% of copy), rms_norm's 0.218 (80%). Registers (ptxas sm_90, triton 3.9): 244 / 204, no spills.
 NORM_BWD_PREFETCH = 1
+# 1: the backward runs _rms_bwd_runs_kernel, whose tile loop Triton pipelines NORM_BWD_STAGES deep through shared
+# memory (the prefetch's registers freed, two tiles' loads in flight at 3 stages); 0: _rms_bwd_kernel with the
+# register prefetch above. Not yet timed on a GPU: the one that loses goes. ptxas sm_90 on the CPU (H=5376, split,
+# 8 warps, triton 3.9 / the PyPI 3.6.0 wheel): _rms_bwd_kernel's loop under tl.range num_stages was not pipelined
+# (the flush's barrier is in it); the runs kernel at 3 stages takes 188 / 219 registers (modulated; 142 / 193
+# plain) and 48 KB of shared memory, against 244 / 204 (3.9) for _rms_bwd_kernel with the prefetch.
+NORM_BWD_RUNS = 0
+NORM_BWD_STAGES = 3
 # The columns (`_pieces`). 1: a row of a width H that is not a power of two in two power-of-two pieces (4096 + 2048
 # lanes for H=5376, against one block of 8192: a quarter fewer registers); 0: one block. NORM_FWD_WARPS 0 picks
 # num_warps_for(the tile's lanes): 8 at H=5376. On the H200 at S=16384 (session 19,
@@ -358,6 +366,72 @@ def _rms_bwd_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_ptr, pp
 
 
 @triton.jit
+def _rms_bwd_runs_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_ptr, pp_ptr, pq_ptr, touched_ptr,
+                         S, H, R, tab_stride, scale_off, chunk_rows,
+                         HAS_MOD: tl.constexpr, NEED_DX: tl.constexpr, NEED_PARAMS: tl.constexpr,
+                         TILE_S: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
+                         BLOCK_CHUNK: tl.constexpr, STAGES: tl.constexpr):
+    """_rms_bwd_kernel's outputs, looping over the chunk's runs of one table row, and within a run over its tiles.
+
+    The run loop (the factor loaded once per run, the partials flushed after it) holds the flush's barrier, so the
+    tile loop has no branch and no barrier and Triton pipelines its loads STAGES deep through shared memory
+    (tl.range num_stages), where _rms_bwd_kernel prefetches one tile ahead in registers. A tile that straddles a
+    run's ends (TILE_S > 1 only) runs once per run with the other run's rows masked.
+    """
+    c = tl.program_id(0)
+    cols_a = tl.arange(0, BLOCK_A)
+    cols_b = BLOCK_A + tl.arange(0, BLOCK_B)
+    cmask_a = cols_a < H
+    cmask_b = cols_b < H
+    start = c * chunk_rows
+    end = tl.minimum(start + chunk_rows, S)
+    lanes = start + tl.arange(0, BLOCK_CHUNK)
+    cix = tl.where(lanes < end, _load_ix(idx_ptr, lanes, lanes < end, HAS_MOD), -1)  # the chunk's table rows
+    run_start = start
+    while run_start < end:
+        r = tl.max(tl.where(lanes == run_start, cix, -1), axis=0)
+        # Lanes at or past `end` hold -1, never r: the run ends at the first other table row or at `end`.
+        run_end = tl.min(tl.where((lanes > run_start) & (cix != r), lanes, end), axis=0)
+        fa = _factor(w_ptr, tab_ptr, r, tab_stride, scale_off, cols_a, cmask_a, HAS_MOD)
+        fb = _factor(w_ptr, tab_ptr, r, tab_stride, scale_off, cols_b, cmask_b, HAS_MOD)
+        pa = tl.zeros([BLOCK_A], dtype=tl.float32)
+        qa = tl.zeros([BLOCK_A], dtype=tl.float32)
+        pb = tl.zeros([BLOCK_B], dtype=tl.float32)
+        qb = tl.zeros([BLOCK_B], dtype=tl.float32)
+        first_tile = start + (run_start - start) // TILE_S * TILE_S  # tiles stay aligned to the chunk's start
+        for t0 in tl.range(first_tile, run_end, TILE_S, num_stages=STAGES):
+            rows = t0 + tl.arange(0, TILE_S)
+            rmask = (rows >= run_start) & (rows < run_end)
+            dya_raw, xa_raw = load_row_pair(dy_ptr, x_ptr, t0, run_end, cols_a, cmask_a, H, TILE_S)
+            dyb_raw, xb_raw = load_row_pair(dy_ptr, x_ptr, t0, run_end, cols_b, cmask_b, H, TILE_S)
+            rstd, _ = _load_row_stats(rstd_ptr, idx_ptr, t0, run_end, TILE_S, False)
+            rstd = tl.where(rmask, rstd, 0.0)  # rows before the run: xhat and dy zero, nothing summed
+            dya = tl.where(rmask[:, None], dya_raw.to(tl.float32), 0.0)
+            dyb = tl.where(rmask[:, None], dyb_raw.to(tl.float32), 0.0)
+            xha = xa_raw.to(tl.float32) * rstd[:, None]
+            xhb = xb_raw.to(tl.float32) * rstd[:, None]
+            if NEED_DX:
+                ga = dya * fa[None, :]
+                gb = dyb * fb[None, :]
+                dot = (tl.sum(ga * xha, axis=1) + tl.sum(gb * xhb, axis=1)) / H
+                _store_dx(dx_ptr, rows, rmask, cols_a, H, rstd, ga, xha, dot)
+                _store_dx(dx_ptr, rows, rmask, cols_b, H, rstd, gb, xhb, dot)
+            if NEED_PARAMS:
+                pa += tl.sum(dya * xha, axis=0)
+                pb += tl.sum(dyb * xhb, axis=0)
+                if HAS_MOD:
+                    qa += tl.sum(dya, axis=0)
+                    qb += tl.sum(dyb, axis=0)
+        if NEED_PARAMS:
+            _flush(pp_ptr, pq_ptr, idx_ptr, c, R, H, r, start, run_start, pa, qa, cols_a, pb, qb, cols_b, HAS_MOD,
+                   BLOCK_CHUNK)
+        run_start = run_end
+    if NEED_PARAMS:
+        for rr in range(R):  # every entry written: no zero-filled buffer to launch
+            tl.store(touched_ptr + c * R + rr, tl.max((cix == rr).to(tl.int8), axis=0))
+
+
+@triton.jit
 def _rms_bwd_finish_kernel(pp_ptr, pq_ptr, touched_ptr, w_ptr, tab_ptr, dw_ptr, dtab_ptr, NC, R, H, K, tab_stride,
                            shift_off, scale_off, HAS_MOD: tl.constexpr, BLOCK_P: tl.constexpr,
                            BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
@@ -473,9 +547,15 @@ def _rms_bwd(dy, x, weight, table, idx, rstd, shift_off, scale_off, need_x, need
         pq = new_empty((nc, R, H), torch.float32, x.device) if has_mod else pp
         touched = new_empty((nc, R), torch.int8, x.device)
     tab, ix, stride = (table, idx, table.stride(0)) if has_mod else (x, rstd, 0)
-    _rms_bwd_kernel[(nc,)](dy, x, weight, tab, ix, rstd, dx, pp, pq, touched, S, H, R, stride, scale_off, chunk,
-                           HAS_MOD=has_mod, NEED_DX=need_x, NEED_PARAMS=need_params,
-                           BLOCK_CHUNK=triton.next_power_of_2(chunk), **bwd_launch(H, has_mod))
+    launch = bwd_launch(H, has_mod)
+    kernel = _rms_bwd_kernel
+    if NORM_BWD_RUNS:  # its loads are pipelined, not prefetched
+        kernel = _rms_bwd_runs_kernel
+        del launch["PREFETCH"]
+        launch["STAGES"] = NORM_BWD_STAGES
+    kernel[(nc,)](dy, x, weight, tab, ix, rstd, dx, pp, pq, touched, S, H, R, stride, scale_off, chunk,
+                  HAS_MOD=has_mod, NEED_DX=need_x, NEED_PARAMS=need_params, BLOCK_CHUNK=triton.next_power_of_2(chunk),
+                  **launch)
     d_weight = d_table = None
     if need_params:
         d_weight = new_empty((H,), weight.dtype, x.device)

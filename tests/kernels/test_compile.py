@@ -82,6 +82,12 @@ for wd in ("bf16", "fp32"):
                  dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, tab_ptr="fp32", idx_ptr="i64", rstd_ptr="fp32", dx_ptr=wd,
                       pp_ptr="fp32", pq_ptr="fp32", touched_ptr="i8"),
                  dict(HAS_MOD=mod, NEED_DX=dx, NEED_PARAMS=params, BLOCK_CHUNK=chunk, **bwd), bwd_warps)
+            runs = {k: v for k, v in bwd.items() if k != "PREFETCH"}
+            comp(f"rms_bwd_runs mod={mod} dx={dx} params={params} {wd}", N._rms_bwd_runs_kernel,
+                 dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, tab_ptr="fp32", idx_ptr="i64", rstd_ptr="fp32", dx_ptr=wd,
+                      pp_ptr="fp32", pq_ptr="fp32", touched_ptr="i8"),
+                 dict(HAS_MOD=mod, NEED_DX=dx, NEED_PARAMS=params, BLOCK_CHUNK=chunk, STAGES=N.NORM_BWD_STAGES,
+                      **runs), bwd_warps)
         # The default, and a block's 6 table rows in one step (the plain norm has one table row).
         for rows, cols in ((N.FINISH_BLOCK_R, N.FINISH_BLOCK_H),) + (((8, 4),) if mod else ()):
             comp(f"rms_finish mod={mod} rows={rows} {wd}", N._rms_bwd_finish_kernel,

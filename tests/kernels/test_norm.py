@@ -149,17 +149,20 @@ NORM_SETTINGS = [
                                                               "MODULATE_BWD_SPLIT", "RMS_NORM_BWD_SPLIT")},
                  id="split-flipped"),
 ]
-# The finish's table rows per step, at H=96 only (the main kernel's tiles do not change what the finish reads): two
-# rows per step (R=3: the second step half masked) over two steps of chunks, and all rows in one step of every chunk.
-FINISH_SETTINGS = [
+# At H=96 only: the finish's table rows per step (the main kernel's tiles do not change what the finish reads), two
+# rows per step (R=3: the second step half masked) over two steps of chunks, and all rows in one step of every chunk;
+# the runs kernel in tiles that straddle runs (at H=4100 it keeps the default kernel's bytes: the test below).
+NARROW_SETTINGS = [
     pytest.param(96, dict(FINISH_BLOCK_R=2, FINISH_BLOCK_P=2, FINISH_BLOCK_H=32), id="tiles-of-16-finish-2-rows"),
     pytest.param(96, dict(FINISH_BLOCK_R=8, FINISH_BLOCK_P=256, FINISH_BLOCK_H=4), id="tiles-of-16-finish-all-rows"),
+    pytest.param(96, dict(NORM_BWD_RUNS=1), id="tiles-of-16-runs-kernel"),
+    pytest.param(96, dict(NORM_BWD_RUNS=1, NORM_BWD_CHUNKS=1), id="tiles-of-16-runs-kernel-one-chunk"),
 ]
 
 
 @pytest.mark.parametrize("H,setting", [pytest.param(H, p.values[0], id=f"{name}-{p.id}")
                                        for H, name in ((96, "tiles-of-16"), (4100, "tiles-of-1"))
-                                       for p in NORM_SETTINGS] + FINISH_SETTINGS)
+                                       for p in NORM_SETTINGS] + NARROW_SETTINGS)
 def test_rms_norm_modulate_table_row_runs(H, setting, monkeypatch):
     for name, value in setting.items():
         monkeypatch.setattr(norm, name, value)
@@ -189,6 +192,26 @@ def test_norm_backward_prefetch_keeps_the_bytes(H, monkeypatch):
         grads[prefetch] = (run(norm.rms_norm_modulate, args, (0, 1, 2), dy, poison=True)[1]
                            + run(norm.rms_norm, plain_args, (0, 1), dy, poison=True)[1])
     assert all(same_bytes(a, b) for a, b in zip(grads[0], grads[1], strict=True))
+
+
+@pytest.mark.parametrize("H", [96, 4100], ids=["tiles-of-16", "tiles-of-1"])
+def test_norm_backward_runs_kernel_keeps_the_bytes(H, monkeypatch):
+    # The runs kernel computes dx as the tile kernel does (the same factor, dot and rounding) and, in 1-row tiles,
+    # the same partial sums in the same order: at H=4100 every gradient of the modulated norm keeps its bytes. In
+    # 16-row tiles that mix table rows it sums a mixed tile's rows by run, not tile by tile, so there only dx (both
+    # norms) and the plain norm's weight gradient (one run per chunk) must keep theirs; the float64 checks above
+    # cover the rest.
+    args, dy = modulate_args(sum(n for _, n in RUNS), H, 1, 6, torch.bfloat16, seed=5)
+    args[3] = torch.cat([torch.full((n,), r, dtype=torch.int64) for r, n in RUNS]).to(DEVICE)
+    plain_args = [args[0], args[1], EPS]
+    grads = {}
+    for runs in (0, 1):
+        monkeypatch.setattr(norm, "NORM_BWD_RUNS", runs)
+        grads[runs] = run(norm.rms_norm_modulate, args, (0, 1, 2), dy, poison=True)[1]
+        if H == 96:  # the plain norm's kernel path at 1-row tiles is the modulated one's without the factor
+            grads[runs] += run(norm.rms_norm, plain_args, (0, 1), dy, poison=True)[1]
+    kept = range(3) if H == 4100 else (0, 3, 4)  # dx, d_weight, d_table of the modulated norm; dx, d_weight plain
+    assert all(same_bytes(grads[0][i], grads[1][i]) for i in kept)
 
 
 # ------------------------------------------------------------------------------- determinism, row independence
