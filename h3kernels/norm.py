@@ -255,6 +255,30 @@ def _store_dx(dx_ptr, rows, rmask, cols, H, rstd, g, xhat, dot):
 
 
 @triton.jit
+def _chunk_frame(S, H, chunk_rows, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
+    """A backward program's chunk c, the columns of a row's two pieces and their masks, and its rows [start, end)."""
+    c = tl.program_id(0)
+    cols_a = tl.arange(0, BLOCK_A)
+    cols_b = BLOCK_A + tl.arange(0, BLOCK_B)
+    start = c * chunk_rows
+    return c, cols_a, cols_b, cols_a < H, cols_b < H, start, tl.minimum(start + chunk_rows, S)
+
+
+@triton.jit
+def _chunk_table_rows(idx_ptr, start, end, HAS_MOD: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
+    """The chunk's rows as lanes and their table rows (-1 at lanes past `end`)."""
+    lanes = start + tl.arange(0, BLOCK_CHUNK)
+    return lanes, tl.where(lanes < end, _load_ix(idx_ptr, lanes, lanes < end, HAS_MOD), -1)
+
+
+@triton.jit
+def _store_touched(touched_ptr, c, R, cix):
+    """touched[c, r] = whether the chunk has rows of table row r, for every r: no zero-filled buffer to launch."""
+    for r in range(R):
+        tl.store(touched_ptr + c * R + r, tl.max((cix == r).to(tl.int8), axis=0))
+
+
+@triton.jit
 def _rms_bwd_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_ptr, pp_ptr, pq_ptr, touched_ptr,
                     S, H, R, tab_stride, scale_off, chunk_rows,
                     HAS_MOD: tl.constexpr, NEED_DX: tl.constexpr, NEED_PARAMS: tl.constexpr,
@@ -268,13 +292,7 @@ def _rms_bwd_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_ptr, pp
     in row order) and are flushed when the run ends; a tile that mixes table rows (TILE_S > 1 only) adds its masked
     sums per table row, in table-row order. Untouched partials are never written or read.
     """
-    c = tl.program_id(0)
-    cols_a = tl.arange(0, BLOCK_A)
-    cols_b = BLOCK_A + tl.arange(0, BLOCK_B)
-    cmask_a = cols_a < H
-    cmask_b = cols_b < H
-    start = c * chunk_rows
-    end = tl.minimum(start + chunk_rows, S)
+    c, cols_a, cols_b, cmask_a, cmask_b, start, end = _chunk_frame(S, H, chunk_rows, BLOCK_A, BLOCK_B)
     cached = tl.full([], -1, tl.int32)  # the table row whose factor is in registers
     fa = _factor(w_ptr, tab_ptr, cached, tab_stride, scale_off, cols_a, cmask_a, False)
     fb = _factor(w_ptr, tab_ptr, cached, tab_stride, scale_off, cols_b, cmask_b, False)
@@ -359,10 +377,7 @@ def _rms_bwd_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_ptr, pp
         if seg >= 0:
             _flush(pp_ptr, pq_ptr, idx_ptr, c, R, H, seg, start, seg_start, pa, qa, cols_a, pb, qb, cols_b,
                    HAS_MOD, BLOCK_CHUNK)
-        lanes = start + tl.arange(0, BLOCK_CHUNK)
-        cix = tl.where(lanes < end, _load_ix(idx_ptr, lanes, lanes < end, HAS_MOD), -1)
-        for r in range(R):  # every entry written: no zero-filled buffer to launch
-            tl.store(touched_ptr + c * R + r, tl.max((cix == r).to(tl.int8), axis=0))
+        _store_touched(touched_ptr, c, R, _chunk_table_rows(idx_ptr, start, end, HAS_MOD, BLOCK_CHUNK)[1])
 
 
 @triton.jit
@@ -378,15 +393,8 @@ def _rms_bwd_runs_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_pt
     (tl.range num_stages), where _rms_bwd_kernel prefetches one tile ahead in registers. A tile that straddles a
     run's ends (TILE_S > 1 only) runs once per run with the other run's rows masked.
     """
-    c = tl.program_id(0)
-    cols_a = tl.arange(0, BLOCK_A)
-    cols_b = BLOCK_A + tl.arange(0, BLOCK_B)
-    cmask_a = cols_a < H
-    cmask_b = cols_b < H
-    start = c * chunk_rows
-    end = tl.minimum(start + chunk_rows, S)
-    lanes = start + tl.arange(0, BLOCK_CHUNK)
-    cix = tl.where(lanes < end, _load_ix(idx_ptr, lanes, lanes < end, HAS_MOD), -1)  # the chunk's table rows
+    c, cols_a, cols_b, cmask_a, cmask_b, start, end = _chunk_frame(S, H, chunk_rows, BLOCK_A, BLOCK_B)
+    lanes, cix = _chunk_table_rows(idx_ptr, start, end, HAS_MOD, BLOCK_CHUNK)
     run_start = start
     while run_start < end:
         r = tl.max(tl.where(lanes == run_start, cix, -1), axis=0)
@@ -427,8 +435,7 @@ def _rms_bwd_runs_kernel(dy_ptr, x_ptr, w_ptr, tab_ptr, idx_ptr, rstd_ptr, dx_pt
                    BLOCK_CHUNK)
         run_start = run_end
     if NEED_PARAMS:
-        for rr in range(R):  # every entry written: no zero-filled buffer to launch
-            tl.store(touched_ptr + c * R + rr, tl.max((cix == rr).to(tl.int8), axis=0))
+        _store_touched(touched_ptr, c, R, cix)
 
 
 @triton.jit

@@ -180,12 +180,17 @@ def test_rms_norm_modulate_table_row_runs(H, setting, monkeypatch):
         assert_close("rms_norm", torch.float32, f"grad:{name}", c, t)
 
 
+def _runs_args(H):
+    """bf16 arguments of rms_norm_modulate with RUNS as its table rows, the plain norm's, and dy."""
+    args, dy = modulate_args(sum(n for _, n in RUNS), H, 1, 6, torch.bfloat16, seed=5)
+    args[3] = torch.cat([torch.full((n,), r, dtype=torch.int64) for r, n in RUNS]).to(DEVICE)
+    return args, [args[0], args[1], EPS], dy
+
+
 @pytest.mark.parametrize("H", [96, 4100], ids=["tiles-of-16", "tiles-of-1"])
 def test_norm_backward_prefetch_keeps_the_bytes(H, monkeypatch):
     # The prefetch only moves where the loads are issued: every gradient of both norms keeps its bytes.
-    args, dy = modulate_args(sum(n for _, n in RUNS), H, 1, 6, torch.bfloat16, seed=5)
-    args[3] = torch.cat([torch.full((n,), r, dtype=torch.int64) for r, n in RUNS]).to(DEVICE)
-    plain_args = [args[0], args[1], EPS]
+    args, plain_args, dy = _runs_args(H)
     grads = {}
     for prefetch in (0, 1):
         monkeypatch.setattr(norm, "NORM_BWD_PREFETCH", prefetch)
@@ -201,9 +206,7 @@ def test_norm_backward_runs_kernel_keeps_the_bytes(H, monkeypatch):
     # 16-row tiles that mix table rows it sums a mixed tile's rows by run, not tile by tile, so there only dx (both
     # norms) and the plain norm's weight gradient (one run per chunk) must keep theirs; the float64 checks above
     # cover the rest.
-    args, dy = modulate_args(sum(n for _, n in RUNS), H, 1, 6, torch.bfloat16, seed=5)
-    args[3] = torch.cat([torch.full((n,), r, dtype=torch.int64) for r, n in RUNS]).to(DEVICE)
-    plain_args = [args[0], args[1], EPS]
+    args, plain_args, dy = _runs_args(H)
     grads = {}
     for runs in (0, 1):
         monkeypatch.setattr(norm, "NORM_BWD_RUNS", runs)
