@@ -76,6 +76,11 @@ QK_BWD_PREFETCH = 1
 # 1: the backward takes dy[p(k)] sin[p(k)] as lane p(k) of its own dy * sin tile (tl.gather), so it loads dy and sin
 # once each at the lanes themselves; 0: loads dy and sin again at the partner lanes. Byte-identical either way.
 QK_BWD_GATHER = 0
+# Above 1 (with QK_BWD_PREFETCH 0): the tile loop is a tl.range of that many stages, whose loads Triton pipelines
+# through shared memory instead of the register prefetch (the loop has no barrier). ptxas sm_90 on the CPU (8 x 2,
+# triton 3.9 / the PyPI 3.6.0 wheel): 3 stages 111 / 113 registers and 29 KB of shared memory, against 161 / 162
+# with the prefetch and 96 with neither. 1: a plain loop. Not yet timed on a GPU.
+QK_BWD_STAGES = 1
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -174,9 +179,10 @@ def _qk_bwd_loads(dy_ptr, x_ptr, cos_ptr, sin_ptr, rstd_ptr, row0, ROWS, NH, D, 
 @triton.jit
 def _qk_bwd_kernel(dy_ptr, x_ptr, w_ptr, cos_ptr, sin_ptr, rstd_ptr, dx_ptr, pw_ptr, ROWS, NH, D, RD, ROWS_PER_PROG,
                    HAS_ROPE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-                   PREFETCH: tl.constexpr, GATHER: tl.constexpr):
+                   PREFETCH: tl.constexpr, GATHER: tl.constexpr, STAGES: tl.constexpr):
     """dx of the program's rows and its d_weight partial; PREFETCH issues the next tile's loads before this one's
-    math, GATHER takes dy's partner lanes from its tile (the same values either way)."""
+    math, STAGES > 1 (without PREFETCH) lets Triton pipeline them through shared memory, GATHER takes dy's partner
+    lanes from its tile (the same values every way)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -186,7 +192,7 @@ def _qk_bwd_kernel(dy_ptr, x_ptr, w_ptr, cos_ptr, sin_ptr, rstd_ptr, dx_ptr, pw_
     if PREFETCH:
         nxt = _qk_bwd_loads(dy_ptr, x_ptr, cos_ptr, sin_ptr, rstd_ptr, first, ROWS, NH, D, RD, cols, cmask,
                             HAS_ROPE, GATHER, BLOCK_ROWS)
-    for r0 in range(0, ROWS_PER_PROG, BLOCK_ROWS):
+    for r0 in tl.range(0, ROWS_PER_PROG, BLOCK_ROWS, num_stages=STAGES):
         row0 = first + r0
         if PREFETCH:
             dy_raw, dyp, c, sp, x_raw, rstd = nxt
@@ -249,7 +255,8 @@ def _qk_bwd(dy, x, weight, cos, sin, rstd):
     block_d = triton.next_power_of_2(D)
     _qk_bwd_kernel[(n_prog,)](dy, x, weight, cos if has_rope else x, sin if has_rope else x, rstd, dx, pw, rows, NH,
                               D, RD, rows_per_prog, HAS_ROPE=has_rope, BLOCK_ROWS=QK_BWD_ROWS, BLOCK_D=block_d,
-                              PREFETCH=QK_BWD_PREFETCH, GATHER=QK_BWD_GATHER, num_warps=QK_BWD_WARPS)
+                              PREFETCH=QK_BWD_PREFETCH, GATHER=QK_BWD_GATHER, STAGES=QK_BWD_STAGES,
+                              num_warps=QK_BWD_WARPS)
     d_weight = new_empty((1, D), weight.dtype, x.device)
     finish_segments(pw, d_weight)
     return dx, d_weight.view(D)

@@ -103,7 +103,11 @@ for wd in ("bf16", "fp32"):
         comp(f"qk_bwd rope={rope} gather={gather} {wd}", Q._qk_bwd_kernel,
              dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", rstd_ptr="fp32", dx_ptr=wd,
                   pw_ptr="fp32"), dict(HAS_ROPE=rope, BLOCK_ROWS=Q.QK_BWD_ROWS, BLOCK_D=128,
-                                       PREFETCH=Q.QK_BWD_PREFETCH, GATHER=gather), Q.QK_BWD_WARPS)
+                                       PREFETCH=Q.QK_BWD_PREFETCH, GATHER=gather, STAGES=Q.QK_BWD_STAGES),
+             Q.QK_BWD_WARPS)
+    comp(f"qk_bwd pipelined {wd}", Q._qk_bwd_kernel,
+         dict(dy_ptr=wd, x_ptr=wd, w_ptr=wd, cos_ptr="fp32", sin_ptr="fp32", rstd_ptr="fp32", dx_ptr=wd, pw_ptr="fp32"),
+         dict(HAS_ROPE=True, BLOCK_ROWS=Q.QK_BWD_ROWS, BLOCK_D=128, PREFETCH=0, GATHER=0, STAGES=3), Q.QK_BWD_WARPS)
     bs_e, bh_e, _ = Rz._elem_plan(4096, 5376)
     comp(f"gated_fwd {wd}", Rz._gated_fwd_kernel, dict(x_ptr=wd, b_ptr=wd, tab_ptr="fp32", idx_ptr="i64", y_ptr=wd),
          dict(BLOCK_S=bs_e, BLOCK_H=bh_e), 4)

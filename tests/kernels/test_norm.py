@@ -305,18 +305,18 @@ def test_qk_norm_rope_forward_variants_keep_the_bytes(S, NH, D, RD, per_position
     assert all(same_bytes(a, b) for a, b in zip(grads0, grads1, strict=True))
 
 
-@pytest.mark.parametrize("prefetch", [0, 1])
+@pytest.mark.parametrize("prefetch,stages", [(0, 1), (1, 1), (0, 3)])
 @pytest.mark.parametrize("S,NH,D,RD", [QK_SHAPES[0], QK_SHAPES[1], QK_SHAPES[3], QK_SHAPES[-2]])
-def test_qk_norm_rope_backward_gather_keeps_the_bytes(S, NH, D, RD, prefetch, monkeypatch):
+def test_qk_norm_rope_backward_gather_keeps_the_bytes(S, NH, D, RD, prefetch, stages, monkeypatch):
     # QK_BWD_GATHER only changes where dy[p] sin[p] comes from (lane p of the tile's dy * sin, not a second load of
-    # each): both gradients keep their bytes, with and without the prefetch.
+    # each), QK_BWD_STAGES how the loads are pipelined: both gradients keep the plain loop's bytes.
     args, dy = qk_args(S, NH, D, RD, torch.bfloat16, seed=9)
-    monkeypatch.setattr(qk_module, "QK_BWD_PREFETCH", prefetch)
     grads = []
-    for gather in (0, 1):
-        monkeypatch.setattr(qk_module, "QK_BWD_GATHER", gather)
+    for setting in ((0, 1, 0), (prefetch, stages, 0), (prefetch, stages, 1)):
+        for name, value in zip(("QK_BWD_PREFETCH", "QK_BWD_STAGES", "QK_BWD_GATHER"), setting, strict=True):
+            monkeypatch.setattr(qk_module, name, value)
         grads.append(run(norm.qk_norm_rope, args, (0, 1), dy, poison=True)[1])
-    assert all(same_bytes(a, b) for a, b in zip(grads[0], grads[1], strict=True))
+    assert all(same_bytes(a, b) for other in grads[1:] for a, b in zip(grads[0], other, strict=True))
 
 
 # ------------------------------------------------------------------------------------------- validation
