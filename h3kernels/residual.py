@@ -76,6 +76,9 @@ GATED_CHUNKS = 4 if is_interpreting() else 64
 # A prefetch of the next tile before the current tile's math (two tiles' loads in flight, as norm.py's backwards do)
 # was written and dropped: 167 registers at 16 x 256 (three programs per SM, not four), and on an H100 it lost or tied
 # at every tile, warps and chunk count timed (sessions 21 and 22: 0.242 against 0.234 ms at 16 x 256).
+# Above 1: the one-table-row chunks' tile loop (the hot path) is a tl.range of that many stages, whose loads Triton
+# pipelines through shared memory rather than registers (session 27, not yet timed; registers: bench/RESULTS.md).
+GATED_STAGES = 1
 
 
 # ----------------------------------------------------------------------------------------------- kernels
@@ -115,7 +118,7 @@ def _gated_bwd_tile(dy_raw, b_raw, db_ptr, gate, rows, cols, S, H, NEED_DB: tl.c
 @triton.jit
 def _gated_bwd_kernel(dy_ptr, b_ptr, tab_ptr, idx_ptr, db_ptr, part_ptr, S, H, R, tab_stride, gate_off,
                       NEED_DB: tl.constexpr, CHUNK_S: tl.constexpr, TILE_S: tl.constexpr, BLOCK_H: tl.constexpr,
-                      BLOCK_R: tl.constexpr):
+                      BLOCK_R: tl.constexpr, STAGES: tl.constexpr):
     pid_c = tl.program_id(1)  # the column block is axis 0 (see _gated_bwd)
     cols = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
     cmask = cols < H
@@ -130,7 +133,7 @@ def _gated_bwd_kernel(dy_ptr, b_ptr, tab_ptr, idx_ptr, db_ptr, part_ptr, S, H, R
             gate = tl.load(tab_ptr + crow.to(tl.int64) * tab_stride + gate_off + cols, mask=cmask, other=0.0)
             gate = gate.to(tl.float32)[None, :]
         run = tl.zeros([TILE_S, BLOCK_H], dtype=tl.float32)
-        for t in range(0, CHUNK_S, TILE_S):
+        for t in tl.range(0, CHUNK_S, TILE_S, num_stages=STAGES):
             t0 = start + t
             dy_raw, b_raw = load_row_pair(dy_ptr, b_ptr, t0, end, cols, cmask, H, TILE_S)
             run += _gated_bwd_tile(dy_raw, b_raw, db_ptr, gate, t0 + tl.arange(0, TILE_S), cols, S, H, NEED_DB)
@@ -197,7 +200,7 @@ def _gated_bwd(dy, branch, table, idx, gate_off, need_db, need_t):
     grid = (triton.cdiv(H, GATED_BLOCK_H), nc)
     _gated_bwd_kernel[grid](dy, branch, table, idx, db if need_db else partials, partials, S, H, R, table.stride(0),
                             gate_off, NEED_DB=need_db, CHUNK_S=chunk, TILE_S=tile, BLOCK_H=GATED_BLOCK_H,
-                            BLOCK_R=block_r, num_warps=GATED_WARPS)
+                            BLOCK_R=block_r, STAGES=GATED_STAGES, num_warps=GATED_WARPS)
     d_table = None
     if need_t:
         # Chunks other than the gate get exact zeros (this op does not read them), written by the finish.

@@ -114,7 +114,10 @@ for wd in ("bf16", "fp32"):
     for need in (True, False):
         comp(f"gated_bwd db={need} {wd}", Rz._gated_bwd_kernel,
              dict(dy_ptr=wd, b_ptr=wd, tab_ptr="fp32", idx_ptr="i64", db_ptr=wd, part_ptr="fp32"),
-             dict(NEED_DB=need, **gated), Rz.GATED_WARPS)
+             dict(NEED_DB=need, STAGES=Rz.GATED_STAGES, **gated), Rz.GATED_WARPS)
+    comp(f"gated_bwd pipelined {wd}", Rz._gated_bwd_kernel,
+         dict(dy_ptr=wd, b_ptr=wd, tab_ptr="fp32", idx_ptr="i64", db_ptr=wd, part_ptr="fp32"),
+         dict(NEED_DB=True, STAGES=3, **gated), Rz.GATED_WARPS)
     comp(f"add {wd}", Rz._add_kernel, dict(x_ptr=wd, b_ptr=wd, y_ptr=wd), dict(BLOCK=Rz.ADD_BLOCK), 4)
     bs_f, bf_f, _ = W._plan(4096, 14336)
     comp(f"swiglu_fwd {wd}", W._swiglu_fwd_kernel, dict(p_ptr=wd, y_ptr=wd), dict(BLOCK_S=bs_f, BLOCK_F=bf_f), 4)
