@@ -180,22 +180,22 @@ def test_rms_norm_modulate_table_row_runs(H, setting, monkeypatch):
         assert_close("rms_norm", torch.float32, f"grad:{name}", c, t)
 
 
-def _runs_args(H):
-    """bf16 arguments of rms_norm_modulate with RUNS as its table rows, the plain norm's, and dy."""
+def _backward_grads(monkeypatch, H, knob, value, plain=True):
+    """Gradients of rms_norm_modulate (then, with `plain`, of rms_norm) in bf16 with RUNS as the table rows, with
+    norm.<knob> = value (poisoned outputs)."""
+    monkeypatch.setattr(norm, knob, value)
     args, dy = modulate_args(sum(n for _, n in RUNS), H, 1, 6, torch.bfloat16, seed=5)
     args[3] = torch.cat([torch.full((n,), r, dtype=torch.int64) for r, n in RUNS]).to(DEVICE)
-    return args, [args[0], args[1], EPS], dy
+    grads = run(norm.rms_norm_modulate, args, (0, 1, 2), dy, poison=True)[1]
+    if plain:
+        grads += run(norm.rms_norm, [args[0], args[1], EPS], (0, 1), dy, poison=True)[1]
+    return grads
 
 
 @pytest.mark.parametrize("H", [96, 4100], ids=["tiles-of-16", "tiles-of-1"])
 def test_norm_backward_prefetch_keeps_the_bytes(H, monkeypatch):
     # The prefetch only moves where the loads are issued: every gradient of both norms keeps its bytes.
-    args, plain_args, dy = _runs_args(H)
-    grads = {}
-    for prefetch in (0, 1):
-        monkeypatch.setattr(norm, "NORM_BWD_PREFETCH", prefetch)
-        grads[prefetch] = (run(norm.rms_norm_modulate, args, (0, 1, 2), dy, poison=True)[1]
-                           + run(norm.rms_norm, plain_args, (0, 1), dy, poison=True)[1])
+    grads = [_backward_grads(monkeypatch, H, "NORM_BWD_PREFETCH", prefetch) for prefetch in (0, 1)]
     assert all(same_bytes(a, b) for a, b in zip(grads[0], grads[1], strict=True))
 
 
@@ -206,13 +206,8 @@ def test_norm_backward_runs_kernel_keeps_the_bytes(H, monkeypatch):
     # 16-row tiles that mix table rows it sums a mixed tile's rows by run, not tile by tile, so there only dx (both
     # norms) and the plain norm's weight gradient (one run per chunk) must keep theirs; the float64 checks above
     # cover the rest.
-    args, plain_args, dy = _runs_args(H)
-    grads = {}
-    for runs in (0, 1):
-        monkeypatch.setattr(norm, "NORM_BWD_RUNS", runs)
-        grads[runs] = run(norm.rms_norm_modulate, args, (0, 1, 2), dy, poison=True)[1]
-        if H == 96:  # the plain norm's kernel path at 1-row tiles is the modulated one's without the factor
-            grads[runs] += run(norm.rms_norm, plain_args, (0, 1), dy, poison=True)[1]
+    # The plain norm at 1-row tiles takes the modulated one's kernel path without the factor: H=96 only.
+    grads = [_backward_grads(monkeypatch, H, "NORM_BWD_RUNS", runs, plain=H == 96) for runs in (0, 1)]
     kept = range(3) if H == 4100 else (0, 3, 4)  # dx, d_weight, d_table of the modulated norm; dx, d_weight plain
     assert all(same_bytes(grads[0][i], grads[1][i]) for i in kept)
 
